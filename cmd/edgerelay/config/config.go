@@ -1,0 +1,235 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"time"
+)
+
+// Config is the typed view of the settings that the server is wired from.
+// Every field comes from one setting (named in its comment) except the
+// listeners' TLS files, which are resolved from the shared and the
+// per-service settings. A zero Listener, including a missing map entry,
+// is a service that is off.
+type Config struct {
+	DataDir      string        // RELAY_DATA_DIR
+	LogLevel     slog.Level    // RELAY_LOG_LEVEL
+	DrainTimeout time.Duration // RELAY_DRAIN_TIMEOUT
+	AdminListen  string        // RELAY_ADMIN_LISTEN; "" = off; never TLS
+
+	// Listeners has an entry for every service in Services().
+	Listeners map[Service]Listener
+
+	Limits     Limits
+	Mailbox    MailboxConfig
+	TURN       TURNConfig
+	APNs       APNsConfig
+	FCM        FCMConfig
+	Gateway    GatewayConfig
+	Cloudflare CloudflareConfig
+}
+
+// Listener is where one service listens and with which certificate.
+type Listener struct {
+	Addr string // RELAY_<SERVICE>_LISTEN: host:port, "" = service off
+
+	// CertFile and KeyFile are both set (TLS) or both empty (plain; for the
+	// agent, which is always TLS, the development certificate). They come
+	// from RELAY_<SERVICE>_TLS_CERT/_KEY if either of those is set, even to
+	// empty, else from RELAY_TLS_CERT/_KEY.
+	CertFile, KeyFile string
+}
+
+// On reports whether the service runs at all.
+func (l Listener) On() bool { return l.Addr != "" }
+
+// TLS reports whether a certificate was configured for this listener.
+func (l Listener) TLS() bool { return l.CertFile != "" }
+
+// Limits apply to every listener separately.
+type Limits struct {
+	MaxConns       int           // RELAY_MAX_CONNS: concurrent connections in total
+	MaxConnsPerIP  int           // RELAY_MAX_CONNS_PER_IP
+	AcceptRate     int           // RELAY_ACCEPT_RATE: new connections per second
+	AcceptBurst    int           // RELAY_ACCEPT_BURST
+	HeaderTimeout  time.Duration // RELAY_HEADER_TIMEOUT
+	IdleTimeout    time.Duration // RELAY_IDLE_TIMEOUT: keep-alive idle, plain HTTP
+	MaxHeaderBytes int           // RELAY_MAX_HEADER_BYTES
+}
+
+// MailboxConfig is the configuration that shapes the mailbox protocol.
+type MailboxConfig struct {
+	Apps           string        // RELAY_APPS, unparsed: the mailbox package owns its syntax
+	Idle           time.Duration // RELAY_IDLE: idle expiry
+	MaxEnvelope    int           // RELAY_MAX_ENVELOPE, bytes
+	MaxStored      int           // RELAY_MAX_STORED, envelopes per direction
+	MaxStoredBytes int           // RELAY_MAX_STORED_BYTES, per direction
+}
+
+// TURNConfig configures the TURN server and the credentials the mailbox
+// ice endpoint mints for it.
+type TURNConfig struct {
+	Secret     Secret         // RELAY_TURN_SECRET; "" = no REST credentials
+	Realm      string         // RELAY_TURN_REALM
+	RelayIP    netip.Addr     // RELAY_TURN_RELAY_IP; invalid (zero) = unset
+	AllowPeers []netip.Prefix // RELAY_TURN_ALLOW_PEERS
+}
+
+// APNsConfig holds the APNs provider credentials, shared by mailbox push and
+// the push gateway. Checking that they are complete is the provider's job:
+// an incomplete provider is "unconfigured", not a reason to refuse to start.
+type APNsConfig struct {
+	KeyFile     string // RELAY_APNS_KEY_FILE (.p8)
+	KeyID       string // RELAY_APNS_KEY_ID
+	TeamID      string // RELAY_APNS_TEAM_ID
+	Topic       string // RELAY_APNS_TOPIC (push gateway)
+	Environment string // RELAY_APNS_ENVIRONMENT, as given: the provider judges it
+	URL         string // RELAY_APNS_URL; "" = Apple's
+}
+
+// FCMConfig holds the FCM provider credentials.
+type FCMConfig struct {
+	Credentials string // RELAY_FCM_CREDENTIALS: service-account JSON file
+	URL         string // RELAY_FCM_URL; "" = Google's
+}
+
+// GatewayConfig holds the push gateway's own settings.
+type GatewayConfig struct {
+	Registration       bool   // RELAY_PUSH_REGISTRATION: POST /register open
+	RatePerMinute      int    // RELAY_PUSH_RATE_PER_MINUTE, per API key
+	DailyBudget        int    // RELAY_PUSH_DAILY_BUDGET, meaningful only if Metered
+	Metered            bool   // false: RELAY_PUSH_DAILY_BUDGET unset, no daily limit
+	TrustedProxyHeader string // RELAY_TRUSTED_PROXY_HEADER; "" = the connection's address
+}
+
+// CloudflareConfig holds the Cloudflare Realtime TURN key the mailbox ice
+// endpoint uses.
+type CloudflareConfig struct {
+	KeyID    string // RELAY_CF_TURN_KEY_ID
+	APIToken Secret // RELAY_CF_TURN_API_TOKEN
+	URL      string // RELAY_CF_URL; "" = Cloudflare's
+}
+
+// Secret is a string that does not print. fmt (every verb, %#v included),
+// log/slog and encoding/json all show "[redacted]" when it is set, so a
+// Config can be logged or dumped whole without leaking a credential. Code
+// that needs the value calls Reveal, which is easy to find in review.
+type Secret string
+
+const redacted = "[redacted]"
+
+// Reveal returns the secret itself.
+func (s Secret) Reveal() string { return string(s) }
+
+func (s Secret) shown() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// String returns "[redacted]", or "" when the secret is empty.
+func (s Secret) String() string { return s.shown() }
+
+// Format makes every fmt verb print String().
+func (s Secret) Format(f fmt.State, _ rune) { io.WriteString(f, s.shown()) }
+
+// LogValue keeps the secret out of log/slog output.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.shown()) }
+
+// MarshalText keeps the secret out of encoding/json and other encoders.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.shown()), nil }
+
+// Config builds the typed view and checks what no single value can show
+// wrong on its own: a certificate without its key, an empty data directory,
+// a TURN server without a realm. It reports every such problem at once.
+func (v *Values) Config() (Config, error) {
+	var errs []error
+	c := Config{
+		DataDir:      v.String(EnvDataDir),
+		DrainTimeout: v.Duration(EnvDrainTimeout),
+		AdminListen:  v.String(EnvAdminListen),
+		Listeners:    make(map[Service]Listener, len(Services())),
+		Limits: Limits{
+			MaxConns:       v.Int(EnvMaxConns),
+			MaxConnsPerIP:  v.Int(EnvMaxConnsPerIP),
+			AcceptRate:     v.Int(EnvAcceptRate),
+			AcceptBurst:    v.Int(EnvAcceptBurst),
+			HeaderTimeout:  v.Duration(EnvHeaderTimeout),
+			IdleTimeout:    v.Duration(EnvIdleTimeout),
+			MaxHeaderBytes: v.Int(EnvMaxHeaderBytes),
+		},
+		Mailbox: MailboxConfig{
+			Apps:           v.String(EnvApps),
+			Idle:           v.Duration(EnvIdle),
+			MaxEnvelope:    v.Int(EnvMaxEnvelope),
+			MaxStored:      v.Int(EnvMaxStored),
+			MaxStoredBytes: v.Int(EnvMaxStoredBytes),
+		},
+		TURN: TURNConfig{
+			Secret: Secret(v.String(EnvTURNSecret)),
+			Realm:  v.String(EnvTURNRealm),
+		},
+		APNs: APNsConfig{
+			KeyFile:     v.String(EnvAPNsKeyFile),
+			KeyID:       v.String(EnvAPNsKeyID),
+			TeamID:      v.String(EnvAPNsTeamID),
+			Topic:       v.String(EnvAPNsTopic),
+			Environment: v.String(EnvAPNsEnvironment),
+			URL:         v.String(EnvAPNsURL),
+		},
+		FCM: FCMConfig{
+			Credentials: v.String(EnvFCMCredentials),
+			URL:         v.String(EnvFCMURL),
+		},
+		Gateway: GatewayConfig{
+			Registration:       v.Bool(EnvPushRegistration),
+			RatePerMinute:      v.Int(EnvPushRatePerMinute),
+			TrustedProxyHeader: v.String(EnvTrustedProxyHeader),
+		},
+		Cloudflare: CloudflareConfig{
+			KeyID:    v.String(EnvCFTURNKeyID),
+			APIToken: Secret(v.String(EnvCFTURNAPIToken)),
+			URL:      v.String(EnvCFURL),
+		},
+	}
+	// Load checked every value, so these parses cannot fail.
+	_ = c.LogLevel.UnmarshalText([]byte(v.String(EnvLogLevel)))
+	if ip := v.String(EnvTURNRelayIP); ip != "" {
+		c.TURN.RelayIP, _ = netip.ParseAddr(ip)
+	}
+	c.TURN.AllowPeers, _ = parseCIDRs(v.String(EnvTURNAllowPeers))
+	c.Gateway.DailyBudget, c.Gateway.Metered = v.OptionalInt(EnvPushDailyBudget)
+
+	if c.DataDir == "" {
+		errs = append(errs, fmt.Errorf("%s is empty: the server needs a data directory", EnvDataDir))
+	}
+
+	pair := func(certEnv, keyEnv string) (cert, key string) {
+		cert, key = v.String(certEnv), v.String(keyEnv)
+		if (cert == "") != (key == "") {
+			errs = append(errs, fmt.Errorf("%s and %s go together: set both or neither", certEnv, keyEnv))
+		}
+		return cert, key
+	}
+	sharedCert, sharedKey := pair(EnvTLSCert, EnvTLSKey)
+	for _, s := range Services() {
+		l := Listener{Addr: v.String(s.ListenEnv()), CertFile: sharedCert, KeyFile: sharedKey}
+		if v.IsSet(s.TLSCertEnv()) || v.IsSet(s.TLSKeyEnv()) {
+			l.CertFile, l.KeyFile = pair(s.TLSCertEnv(), s.TLSKeyEnv())
+		}
+		c.Listeners[s] = l
+	}
+
+	if c.Listeners[TURN].On() && c.TURN.Realm == "" {
+		errs = append(errs, fmt.Errorf("%s is empty while TURN is on (%s=%s)", EnvTURNRealm, TURN.ListenEnv(), c.Listeners[TURN].Addr))
+	}
+
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}

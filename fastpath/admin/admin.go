@@ -1,0 +1,153 @@
+// Package admin serves the operator's listener (loopback by default):
+// /metrics for Prometheus, /healthz and /readyz for supervisors, and the
+// key-management endpoints that the command line uses while the server
+// runs. The key endpoints need the admin token that the server writes to
+// <data dir>/admin.token at start (mode 0600): whoever can read the data
+// dir can manage keys, nobody else on the machine can.
+package admin
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"edgerelay/fastpath/channel"
+	"edgerelay/fastpath/httpx"
+	"edgerelay/store"
+)
+
+// Config wires the admin handler.
+type Config struct {
+	Gatherer prometheus.Gatherer
+	// TokenHash is SHA-256 of the admin token.
+	TokenHash [32]byte
+	// ChannelKeys is nil when the channel service is off.
+	ChannelKeys *channel.Keys
+	Log         *slog.Logger
+}
+
+// Handler is the admin listener's handler.
+type Handler struct {
+	cfg     Config
+	metrics fasthttp.RequestHandler
+	ready   atomic.Bool
+}
+
+// New returns the admin handler; it answers /readyz 503 until SetReady(true).
+func New(cfg Config) *Handler {
+	return &Handler{
+		cfg:     cfg,
+		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})),
+	}
+}
+
+// SetReady flips /readyz: true once every listener serves, false when the
+// drain starts so load balancers stop sending new clients.
+func (h *Handler) SetReady(ok bool) { h.ready.Store(ok) }
+
+// ServeHTTP routes one admin request.
+func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	switch {
+	case path == "/metrics":
+		h.metrics(ctx)
+	case path == "/healthz":
+		httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"status":"ok"}`))
+	case path == "/readyz":
+		if h.ready.Load() {
+			httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"status":"ready"}`))
+		} else {
+			httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"not ready"}`))
+		}
+	case path == "/v1/keys/channel" || strings.HasPrefix(path, "/v1/keys/channel/"):
+		if !h.authorized(ctx) {
+			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
+			return
+		}
+		if h.cfg.ChannelKeys == nil {
+			httpx.Error(ctx, fasthttp.StatusNotFound, "channel service is off")
+			return
+		}
+		h.channelKeys(ctx, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/keys/channel"), "/"))
+	default:
+		httpx.Error(ctx, fasthttp.StatusNotFound, "not found")
+	}
+}
+
+func (h *Handler) authorized(ctx *fasthttp.RequestCtx) bool {
+	tok := httpx.Bearer(ctx)
+	if tok == nil {
+		return false
+	}
+	got := httpx.Hash(tok)
+	return subtle.ConstantTimeCompare(got[:], h.cfg.TokenHash[:]) == 1
+}
+
+// AddKeyRequest is the body of POST /v1/keys/channel.
+type AddKeyRequest struct {
+	Host string `json:"host"`
+}
+
+// AddKeyResponse is its answer: the key, shown once.
+type AddKeyResponse struct {
+	Host string `json:"host"`
+	Key  string `json:"key"`
+}
+
+func (h *Handler) channelKeys(ctx *fasthttp.RequestCtx, host string) {
+	keys := h.cfg.ChannelKeys
+	switch {
+	case host == "" && ctx.IsGet():
+		list, err := keys.List()
+		if err != nil {
+			h.internal(ctx, err)
+			return
+		}
+		out, _ := json.Marshal(list)
+		httpx.JSON(ctx, fasthttp.StatusOK, out)
+	case host == "" && ctx.IsPost():
+		var req AddKeyRequest
+		if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+			httpx.Error(ctx, fasthttp.StatusBadRequest, "body must be {\\\"host\\\":\\\"NAME\\\"}")
+			return
+		}
+		key, err := keys.Add(req.Host)
+		switch {
+		case errors.Is(err, channel.ErrBadHost):
+			httpx.Error(ctx, fasthttp.StatusBadRequest, "bad host name")
+		case errors.Is(err, store.ErrHostExists):
+			httpx.Error(ctx, fasthttp.StatusConflict, "host already has a claim key")
+		case err != nil:
+			h.internal(ctx, err)
+		default:
+			h.cfg.Log.Info("claim key added", "host", req.Host)
+			out, _ := json.Marshal(AddKeyResponse{Host: req.Host, Key: key})
+			httpx.JSON(ctx, fasthttp.StatusCreated, out)
+		}
+	case host != "" && ctx.IsDelete():
+		err := keys.Revoke(host)
+		switch {
+		case errors.Is(err, store.ErrUnknownHost):
+			httpx.Error(ctx, fasthttp.StatusNotFound, "unknown host")
+		case err != nil:
+			h.internal(ctx, err)
+		default:
+			httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"revoked":true}`))
+		}
+	default:
+		httpx.Error(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+	}
+}
+
+func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
+	h.cfg.Log.Error("admin request failed", "path", string(ctx.Path()), "err", err)
+	httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+}

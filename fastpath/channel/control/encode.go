@@ -1,0 +1,144 @@
+// Package control is the hand-written codec of private-channel control-socket
+// messages (see spec/private-channel.md, "Control socket messages").
+//
+// Every phone frame crosses the control socket wrapped in
+// {"type":"data","id":…,"data":…}, so this codec sits on the relay's hot path.
+// It never uses encoding/json and allocates nothing in steady state: encoders
+// append into a caller-provided (pooled) buffer, and Parse unescapes into a
+// caller-provided scratch buffer that it only grows when it is too small.
+//
+// Parse is strict where the spec is strict (the whole frame must be valid JSON,
+// the id exact, data bounded) and lenient where JSON is (keys in any order,
+// escapes, whitespace, unknown keys), because the computer is free to use any
+// JSON encoder.
+package control
+
+import (
+	"encoding/binary"
+	"slices"
+)
+
+const (
+	// IDLen is the length of a channel id: 32 lowercase hex characters.
+	IDLen = 32
+	// MaxData is the largest phone frame, in bytes, that a data message may
+	// carry. For Parse it applies after unescaping.
+	MaxData = 70000
+)
+
+// ID is a channel id as it appears on the wire: 32 lowercase hex characters.
+// It is an array rather than a string so that it can be kept in routing
+// tables and written into frames without allocating.
+type ID [IDLen]byte
+
+// String returns the id as text, for logs.
+func (id ID) String() string { return string(id[:]) }
+
+// AppendOpen appends {"type":"open","id":"<id>"} to dst.
+//
+// The id is written verbatim: ids are chosen by the relay and are lowercase
+// hex, which never needs escaping.
+func AppendOpen(dst []byte, id *ID) []byte {
+	dst = append(dst, `{"type":"open","id":"`...)
+	dst = append(dst, id[:]...)
+	return append(dst, `"}`...)
+}
+
+// AppendClose appends {"type":"close","id":"<id>"} to dst.
+func AppendClose(dst []byte, id *ID) []byte {
+	dst = append(dst, `{"type":"close","id":"`...)
+	dst = append(dst, id[:]...)
+	return append(dst, `"}`...)
+}
+
+// AppendData appends {"type":"data","id":"<id>","data":<data as a JSON
+// string>} to dst.
+//
+// It does not enforce MaxData: the caller has already refused larger phone
+// frames (close 1009), and the encoder has no reason to fail.
+func AppendData(dst []byte, id *ID, data []byte) []byte {
+	dst = append(dst, `{"type":"data","id":"`...)
+	dst = append(dst, id[:]...)
+	dst = append(dst, `","data":`...)
+	dst = AppendString(dst, data)
+	return append(dst, '}')
+}
+
+// AppendString appends s to dst as a quoted JSON string, escaping exactly what
+// RFC 8259 requires: '"', '\\' and the control characters below 0x20 (as \b,
+// \f, \n, \r, \t, or \u00xx with lowercase hex). Everything else, including
+// DEL, U+2028/U+2029 and all non-ASCII bytes, is copied through untouched, so
+// the common case (ASCII ciphertext without quotes) is a bulk copy.
+//
+// Unlike encoding/json it neither escapes <, > and & (the output is never
+// embedded in HTML) nor replaces invalid UTF-8. Phone frames are websocket
+// text frames, which the websocket layer has already validated as UTF-8, so
+// invalid input cannot occur in practice; if it does, the bytes pass through
+// and nothing panics.
+func AppendString(dst []byte, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	// Grow once for the common case of nothing to escape; escapes grow further.
+	dst = slices.Grow(dst, len(s)+2)
+	dst = append(dst, '"')
+	start := 0 // s[start:i] is pending, not yet copied
+	for i := 0; i < len(s); {
+		// Skip eight bytes at a time while none of them needs escaping…
+		if i+8 <= len(s) && !needsEscape8(binary.LittleEndian.Uint64(s[i:])) {
+			i += 8
+			continue
+		}
+		// …otherwise look at those eight one by one.
+		for end := min(i+8, len(s)); i < end; i++ {
+			c := s[i]
+			if c >= 0x20 && c != '"' && c != '\\' {
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			start = i + 1
+		}
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// SWAR ("SIMD within a register") helpers: each looks at eight bytes packed
+// little-endian into a uint64. The expressions are the classic exact "does any
+// byte …" tests: they may misreport which byte matched, but never whether one did.
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
+
+// hasZeroByte reports whether any byte of w is 0.
+func hasZeroByte(w uint64) bool { return (w-lsb)&^w&msb != 0 }
+
+// hasLess reports whether any byte of w is below n (n ≤ 0x80).
+func hasLess(w uint64, n uint64) bool { return (w-lsb*n)&^w&msb != 0 }
+
+// needsEscape8 reports whether any of the eight bytes must be escaped in a
+// JSON string: a control character, '"' or '\\'.
+func needsEscape8(w uint64) bool {
+	return hasLess(w, 0x20) || hasZeroByte(w^(lsb*'"')) || hasZeroByte(w^(lsb*'\\'))
+}
+
+// plainASCII8 reports whether all eight bytes can be skipped when validating a
+// JSON string: ASCII, not a control character, not '"' and not '\\'.
+func plainASCII8(w uint64) bool {
+	return w&msb == 0 && !needsEscape8(w)
+}

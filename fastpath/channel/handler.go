@@ -1,0 +1,282 @@
+// Package channel is the private channel relay (botharness-private-v1 and
+// v2): computers keep one control socket, phones open channels that the
+// relay multiplexes onto it. The relay never opens a frame; it wraps phone
+// frames into control messages and unwraps the computer's answers with the
+// hand-written codec in package control.
+package channel
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/fastpath/channel/control"
+	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/ws"
+	"edgerelay/store"
+)
+
+// The protocol's fixed numbers.
+const (
+	// MaxPhones is how many phone channels one computer may hold.
+	MaxPhones = 32
+	// MaxFrame is the largest phone frame, in bytes.
+	MaxFrame = control.MaxData
+	// MaxClaimBody is the largest POST /claim body.
+	MaxClaimBody = 1024
+	// maxControlFrame bounds a computer's frame on the wire: data may be
+	// written entirely in \u escapes (6 bytes for each byte of data), plus
+	// room for the envelope and unknown keys.
+	maxControlFrame = 6*MaxFrame + 4096
+)
+
+// Config wires a Handler.
+type Config struct {
+	Claims *store.ChannelClaims
+	Log    *slog.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+	// PingInterval is how often every socket is pinged (25 s by default).
+	PingInterval time.Duration
+	// MaxQueue is the send-queue bound of every socket (2 MiB by default).
+	MaxQueue int
+	// Now is the clock (time.Now by default).
+	Now func() time.Time
+}
+
+// Handler serves the private channel relay's HTTP and WebSocket endpoints.
+type Handler struct {
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+	group ws.Group
+
+	// mu guards computers: the computers whose control socket is open (or
+	// being opened), by claim key hash. Held only to look up, add or
+	// remove, never across I/O.
+	mu        sync.Mutex
+	computers map[store.Hash]*computer
+
+	// scratch pools the buffers phone readers wrap frames into.
+	scratch sync.Pool
+}
+
+// New returns a Handler.
+func New(cfg Config) *Handler {
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 25 * time.Second
+	}
+	if cfg.MaxQueue == 0 {
+		cfg.MaxQueue = 2 << 20
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	h := &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, computers: make(map[store.Hash]*computer)}
+	h.scratch.New = func() any { b := make([]byte, 0, 1024); return &b }
+	return h
+}
+
+var healthBody = []byte(`{"protocol":"botharness-private-v1","protocols":["botharness-private-v1","botharness-private-v2"]}`)
+
+// ServeHTTP routes one request.
+func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	switch path {
+	case "/health":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			httpx.Error(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+			return
+		}
+		httpx.JSON(ctx, fasthttp.StatusOK, healthBody)
+	case "/claim":
+		switch {
+		case ctx.IsPost():
+			h.claim(ctx)
+		case ctx.IsDelete():
+			h.release(ctx)
+		default:
+			httpx.Error(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+		}
+	case "/status":
+		if !ctx.IsGet() {
+			httpx.Error(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+			return
+		}
+		h.status(ctx)
+	case "/host":
+		h.openControl(ctx)
+	case "/botharness-device/channel":
+		h.openPhone(ctx)
+	default:
+		httpx.Error(ctx, fasthttp.StatusNotFound, "not found")
+	}
+}
+
+type claimBody struct {
+	OwnerToken *string `json:"ownerToken"`
+	PhoneToken *string `json:"phoneToken"`
+}
+
+func (h *Handler) claim(ctx *fasthttp.RequestCtx) {
+	key := httpx.Bearer(ctx)
+	if key == nil {
+		h.m.claims.WithLabelValues("no_bearer").Inc()
+		httpx.Error(ctx, fasthttp.StatusUnauthorized, "missing bearer token")
+		return
+	}
+	body := ctx.PostBody()
+	if len(body) > MaxClaimBody {
+		h.m.claims.WithLabelValues("too_large").Inc()
+		httpx.Error(ctx, fasthttp.StatusRequestEntityTooLarge, "body over 1 KiB")
+		return
+	}
+	// Everything about the body is checked before the key is consulted,
+	// so a bad request never spends a claim key.
+	var cb claimBody
+	if err := json.Unmarshal(body, &cb); err != nil || cb.OwnerToken == nil || cb.PhoneToken == nil {
+		h.m.claims.WithLabelValues("bad_body").Inc()
+		httpx.Error(ctx, fasthttp.StatusBadRequest, "malformed body: want a JSON object with ownerToken and phoneToken")
+		return
+	}
+	owner, phone := []byte(*cb.OwnerToken), []byte(*cb.PhoneToken)
+	if !httpx.IsLowerHex(owner, 64) || !httpx.IsLowerHex(phone, 64) {
+		h.m.claims.WithLabelValues("bad_body").Inc()
+		httpx.Error(ctx, fasthttp.StatusBadRequest, "tokens must be 64 lowercase hex characters")
+		return
+	}
+	if string(owner) == string(phone) {
+		h.m.claims.WithLabelValues("bad_body").Inc()
+		httpx.Error(ctx, fasthttp.StatusBadRequest, "ownerToken and phoneToken must differ")
+		return
+	}
+	host, err := h.cfg.Claims.Claim(httpx.Hash(key), httpx.Hash(owner), httpx.Hash(phone), h.cfg.Now())
+	switch {
+	case errors.Is(err, store.ErrUnknownKey):
+		h.m.claims.WithLabelValues("unknown_key").Inc()
+		httpx.Error(ctx, fasthttp.StatusForbidden, "unknown claim key")
+	case errors.Is(err, store.ErrKeyUsed):
+		h.m.claims.WithLabelValues("used").Inc()
+		httpx.Error(ctx, fasthttp.StatusConflict, "claim key already used")
+	case errors.Is(err, store.ErrTokenInUse):
+		h.m.claims.WithLabelValues("token_in_use").Inc()
+		httpx.Error(ctx, fasthttp.StatusBadRequest, "token already in use")
+	case err != nil:
+		h.log.Error("claim failed", "err", err)
+		httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+	default:
+		h.m.claims.WithLabelValues("claimed").Inc()
+		h.log.Info("computer claimed", "host", host)
+		out, _ := json.Marshal(struct {
+			Claimed bool   `json:"claimed"`
+			Host    string `json:"host"`
+		}{true, host})
+		httpx.JSON(ctx, fasthttp.StatusOK, out)
+	}
+}
+
+func (h *Handler) release(ctx *fasthttp.RequestCtx) {
+	tok := httpx.Bearer(ctx)
+	if tok == nil {
+		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
+		return
+	}
+	k, err := h.cfg.Claims.Release(httpx.Hash(tok))
+	switch {
+	case errors.Is(err, store.ErrUnknownToken):
+		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
+		return
+	case err != nil:
+		h.log.Error("release failed", "err", err)
+		httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+		return
+	}
+	h.disconnect(k.Hash, ws.CloseNormal)
+	h.log.Info("computer released", "host", k.Host)
+	httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"released":true}`))
+}
+
+// Revoke removes host's claim key for the operator and disconnects the
+// computer if it is connected.
+func (h *Handler) Revoke(host string) error {
+	k, err := h.cfg.Claims.Revoke(host)
+	if err != nil {
+		return err
+	}
+	h.disconnect(k.Hash, ws.CloseNormal)
+	h.log.Info("claim key revoked", "host", host)
+	return nil
+}
+
+// Connected reports whether the computer of claim key hash has its control
+// socket open, for the operator's key list.
+func (h *Handler) Connected(key store.Hash) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.computers[key]
+	return c != nil && c.open()
+}
+
+func (h *Handler) status(ctx *fasthttp.RequestCtx) {
+	tok := httpx.Bearer(ctx)
+	if tok == nil {
+		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
+		return
+	}
+	k, err := h.cfg.Claims.ByOwner(httpx.Hash(tok))
+	if err != nil {
+		if !errors.Is(err, store.ErrUnknownToken) {
+			h.log.Error("status lookup failed", "err", err)
+		}
+		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
+		return
+	}
+	out, _ := json.Marshal(struct {
+		Connected bool   `json:"connected"`
+		Host      string `json:"host"`
+	}{h.Connected(k.Hash), k.Host})
+	httpx.JSON(ctx, fasthttp.StatusOK, out)
+}
+
+// disconnect closes a computer's control socket with code; its phones
+// follow with 1001 when the control socket's reader ends.
+func (h *Handler) disconnect(key store.Hash, code int) {
+	h.mu.Lock()
+	c := h.computers[key]
+	h.mu.Unlock()
+	if c != nil {
+		c.shutdown(code)
+	}
+}
+
+// Drain closes every socket with 1001 and waits for their writers, or for
+// ctx to end.
+func (h *Handler) Drain(ctx context.Context) error {
+	return h.group.Drain(ctx, ws.CloseGoingAway)
+}
+
+// Open is the number of open sockets (control and phone).
+func (h *Handler) Open() int { return h.group.Len() }
+
+func newID() (control.ID, error) {
+	var raw [16]byte
+	var id control.ID
+	if _, err := rand.Read(raw[:]); err != nil {
+		return id, err
+	}
+	hex.Encode(id[:], raw[:])
+	return id, nil
+}

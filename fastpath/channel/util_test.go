@@ -1,0 +1,10 @@
+package channel_test
+
+import (
+	"context"
+	"time"
+)
+
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}

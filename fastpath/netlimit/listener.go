@@ -1,0 +1,284 @@
+// Package netlimit enforces the limits an operator expects on every listener:
+// a cap on concurrent connections in total and per client IP, and an accept
+// rate limit.
+//
+// It wraps the raw TCP listener, beneath TLS and HTTP, so that a refused
+// connection costs only the accept: it is closed at once, before any
+// handshake, read, write, upgrade or allocation by the layers above.
+//
+//	ln, _ := net.Listen("tcp", addr)
+//	limited := netlimit.New(ln, limits, metrics.For("mailbox"))
+//	server.Serve(tls.NewListener(limited, tlsConfig)) // TLS above the limit
+package netlimit
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Reasons passed to Counters.Refused, and the values of the "reason" label.
+const (
+	ReasonTotal = "total"  // MaxConns connections were already open
+	ReasonPerIP = "per_ip" // MaxConnsPerIP connections from this IP were already open
+	ReasonRate  = "rate"   // the accept-rate bucket was empty
+)
+
+// Limits are one listener's limits. The zero value limits nothing; each
+// field's zero means "no limit" on its own.
+type Limits struct {
+	// MaxConns caps the connections open at once through the listener,
+	// counted from accept to Close.
+	MaxConns int
+	// MaxConnsPerIP caps the connections open at once from one client
+	// address (IPv4 address, or full IPv6 address). Connections whose remote
+	// address has no IP (in-memory pipes, Unix sockets) are not counted per
+	// IP. Behind a proxy every client has the proxy's IP: leave it 0 there.
+	MaxConnsPerIP int
+	// AcceptRate is the sustained number of connections accepted per second,
+	// refilling a token bucket of AcceptBurst tokens.
+	AcceptRate float64
+	// AcceptBurst is how many connections may be accepted at once after a
+	// quiet period. With AcceptRate set and AcceptBurst 0, the burst is one
+	// second's worth of AcceptRate (at least 1). Without AcceptRate it has no
+	// effect.
+	AcceptBurst int
+}
+
+// Validate reports limits that cannot mean what the operator intended:
+// negative values, and a rate that is not a finite number. Configuration code
+// calls it so that such values are refused with a clear error; New itself
+// treats them as "no limit".
+func (l Limits) Validate() error {
+	var errs []error
+	if l.MaxConns < 0 {
+		errs = append(errs, fmt.Errorf("netlimit: max connections %d is negative (0 means unlimited)", l.MaxConns))
+	}
+	if l.MaxConnsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("netlimit: max connections per IP %d is negative (0 means unlimited)", l.MaxConnsPerIP))
+	}
+	if l.AcceptRate < 0 || math.IsNaN(l.AcceptRate) || math.IsInf(l.AcceptRate, 0) {
+		errs = append(errs, fmt.Errorf("netlimit: accept rate %v is not a finite non-negative number (0 means unlimited)", l.AcceptRate))
+	}
+	if l.AcceptBurst < 0 {
+		errs = append(errs, fmt.Errorf("netlimit: accept burst %d is negative", l.AcceptBurst))
+	}
+	return errors.Join(errs...)
+}
+
+// Counters is told about every refused connection, with one of the Reason
+// constants; PromMetrics.For provides one backed by Prometheus. It is called
+// from the accepting goroutine and must not block.
+type Counters interface {
+	Refused(reason string)
+}
+
+// Listener is a net.Listener that refuses connections beyond its Limits.
+// Refused connections are closed and never returned by Accept; accepted ones
+// are returned wrapped, and their Close releases their place.
+type Listener struct {
+	inner    net.Listener
+	lim      Limits
+	burst    float64
+	counters Counters
+	now      func() time.Time // time.Now; replaced in tests
+
+	mu     sync.Mutex
+	open   int
+	perIP  map[netip.Addr]int // only when lim.MaxConnsPerIP > 0; no zero entries
+	tokens float64
+	last   time.Time
+}
+
+// Wrap is New returning a plain net.Listener, for callers that need nothing
+// more.
+func Wrap(ln net.Listener, lim Limits, c Counters) net.Listener {
+	return New(ln, lim, c)
+}
+
+// New wraps ln with lim. c, which may be nil, counts refusals. Values that
+// Limits.Validate rejects are treated as 0 (no limit).
+func New(ln net.Listener, lim Limits, c Counters) *Listener {
+	lim.MaxConns = max(lim.MaxConns, 0)
+	lim.MaxConnsPerIP = max(lim.MaxConnsPerIP, 0)
+	if !(lim.AcceptRate > 0) || math.IsInf(lim.AcceptRate, 0) {
+		lim.AcceptRate = 0
+	}
+	l := &Listener{inner: ln, lim: lim, counters: c, now: time.Now}
+	if lim.AcceptRate > 0 {
+		l.burst = float64(lim.AcceptBurst)
+		if lim.AcceptBurst <= 0 {
+			l.burst = max(1, math.Ceil(lim.AcceptRate))
+		}
+		l.tokens = l.burst // start full: a fresh server takes its first burst
+	}
+	if lim.MaxConnsPerIP > 0 {
+		l.perIP = make(map[netip.Addr]int)
+	}
+	return l
+}
+
+// Accept waits for a connection within the limits. Connections over a limit
+// are closed immediately and counted, and Accept keeps waiting, so the
+// server above never sees them. It returns the inner listener's errors as
+// they are (a server's accept loop already knows how to handle them).
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.inner.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip, hasIP := remoteIP(c)
+		tracked, reason := l.admit(ip, hasIP)
+		if reason != "" {
+			c.Close()
+			if l.counters != nil {
+				l.counters.Refused(reason)
+			}
+			continue
+		}
+		return &conn{Conn: c, l: l, ip: ip, tracked: tracked}, nil
+	}
+}
+
+// admit checks the limits for a new connection from ip and, if it fits,
+// takes its place. The caps are checked before the rate bucket so that a
+// client hammering its per-IP cap does not drain the tokens other clients
+// need. tracked reports whether the connection was counted against its IP.
+func (l *Listener) admit(ip netip.Addr, hasIP bool) (tracked bool, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lim.MaxConns > 0 && l.open >= l.lim.MaxConns {
+		return false, ReasonTotal
+	}
+	tracked = hasIP && l.perIP != nil
+	if tracked && l.perIP[ip] >= l.lim.MaxConnsPerIP {
+		return false, ReasonPerIP
+	}
+	if !l.takeToken() {
+		return false, ReasonRate
+	}
+	l.open++
+	if tracked {
+		l.perIP[ip]++
+	}
+	return tracked, ""
+}
+
+// takeToken refills the bucket for the time since the last call and takes
+// one token if there is one. Called with l.mu held.
+func (l *Listener) takeToken() bool {
+	if l.lim.AcceptRate == 0 {
+		return true
+	}
+	now := l.now()
+	if !l.last.IsZero() {
+		if elapsed := now.Sub(l.last).Seconds(); elapsed > 0 {
+			l.tokens = min(l.burst, l.tokens+elapsed*l.lim.AcceptRate)
+		}
+	}
+	l.last = now
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
+}
+
+// release gives back the place of a closed connection. The map entry goes
+// at zero, so that the map holds only IPs with open connections and cannot
+// grow with the number of clients ever seen.
+func (l *Listener) release(ip netip.Addr, tracked bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open--
+	if tracked {
+		if n := l.perIP[ip] - 1; n > 0 {
+			l.perIP[ip] = n
+		} else {
+			delete(l.perIP, ip)
+		}
+	}
+}
+
+// Open returns the number of accepted connections not yet closed, for an
+// open-connections gauge.
+func (l *Listener) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
+
+// Close closes the inner listener. Connections already accepted stay open
+// and still release their place when closed.
+func (l *Listener) Close() error { return l.inner.Close() }
+
+// Addr returns the inner listener's address.
+func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+
+// remoteIP returns the client address of c without its port and zone, with
+// IPv4-mapped IPv6 addresses unmapped so that one client counts as one
+// whichever way a dual-stack socket reports it.
+func remoteIP(c net.Conn) (netip.Addr, bool) {
+	var ap netip.AddrPort
+	switch a := c.RemoteAddr().(type) {
+	case nil:
+		return netip.Addr{}, false
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	default:
+		var err error
+		if ap, err = netip.ParseAddrPort(a.String()); err != nil {
+			return netip.Addr{}, false
+		}
+	}
+	ip := ap.Addr().Unmap().WithZone("")
+	return ip, ip.IsValid()
+}
+
+// conn is an accepted connection holding a place in its Listener's counts
+// until it is closed.
+type conn struct {
+	net.Conn
+	l        *Listener
+	ip       netip.Addr
+	tracked  bool
+	released atomic.Bool
+}
+
+// Close closes the connection and, the first time only, releases its place:
+// servers and hijackers commonly close a connection more than once, and a
+// second release would let the counts drift below the truth and the caps
+// admit more than they should.
+func (c *conn) Close() error {
+	err := c.Conn.Close()
+	if c.released.CompareAndSwap(false, true) {
+		c.l.release(c.ip, c.tracked)
+	}
+	return err
+}
+
+// NetConn returns the underlying connection, like tls.Conn.NetConn, for code
+// that needs the *net.TCPConn (keep-alive, CloseWrite, the file descriptor).
+// Closing it directly bypasses the release: close the wrapper instead.
+func (c *conn) NetConn() net.Conn { return c.Conn }
+
+// ReadFrom keeps io.Copy into this connection on the kernel's fast path:
+// embedding net.Conn hides *net.TCPConn's ReadFrom, and without it a copy
+// from another TCP connection would lose splice(2). A source that is itself
+// a limited conn is unwrapped for the same reason.
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if src, ok := r.(*conn); ok {
+		r = src.Conn
+	}
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}

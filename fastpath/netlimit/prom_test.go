@@ -1,0 +1,103 @@
+package netlimit
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestPromMetricsSharedAcrossServices(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewPromMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mailbox, agent := m.For("mailbox"), m.For("agent")
+	mailbox.Refused(ReasonRate)
+	mailbox.Refused(ReasonRate)
+	agent.Refused(ReasonTotal)
+	agent.Refused("other") // an unknown reason still counts, under its own label
+
+	// A second PromMetrics on the same registry shares the counter.
+	m2, err := NewPromMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2.For("mailbox").Refused(ReasonRate)
+
+	for _, tc := range []struct {
+		service, reason string
+		want            float64
+	}{
+		{"mailbox", ReasonRate, 3},
+		{"mailbox", ReasonTotal, 0}, // present at zero before any refusal
+		{"mailbox", ReasonPerIP, 0},
+		{"agent", ReasonTotal, 1},
+		{"agent", "other", 1},
+	} {
+		got, ok := gather(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": tc.service, "reason": tc.reason})
+		if !ok || got != tc.want {
+			t.Errorf("refused{service=%s,reason=%s} = %v (present %v), want %v", tc.service, tc.reason, got, ok, tc.want)
+		}
+	}
+}
+
+func TestPromMetricsFromListener(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewPromMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, Limits{MaxConns: 1}, func(l *Listener) { l.counters = m.For("channel") })
+	if err := m.TrackOpen("channel", h.l); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.TrackOpen("channel", h.l); err == nil || !strings.Contains(err.Error(), "channel") {
+		t.Errorf("second TrackOpen for one service: %v, want an error naming it", err)
+	}
+
+	c := h.expectAccepted(h.dial("127.0.0.1"))
+	h.expectRefused(h.dial("127.0.0.1"))
+	if got, _ := gather(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": "channel", "reason": ReasonTotal}); got != 1 {
+		t.Errorf("refused total = %v, want 1", got)
+	}
+	if got, _ := gather(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 1 {
+		t.Errorf("open connections = %v, want 1", got)
+	}
+	c.Close()
+	if got, _ := gather(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 0 {
+		t.Errorf("open connections after close = %v, want 0", got)
+	}
+}
+
+// gather returns the value of the counter or gauge name whose labels are
+// exactly labels.
+func gather(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, lp := range m.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue metrics
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue(), true
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,150 @@
+// Package server runs one protocol handler on one listener with the limits
+// an operator expects on every listener: connection caps and accept rate
+// (package netlimit, beneath TLS), header-read and idle timeouts, a maximum
+// header size, and JSON answers for the errors fasthttp produces itself.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/netlimit"
+)
+
+// Service describes one listener.
+type Service struct {
+	// Name labels logs and metrics ("channel", "mailbox", ...).
+	Name string
+	// Addr is host:port to listen on.
+	Addr    string
+	Handler fasthttp.RequestHandler
+	// TLS, when not nil, serves TLS on the listener.
+	TLS    *tls.Config
+	Limits netlimit.Limits
+	// HeaderTimeout bounds reading one request (headers and body).
+	HeaderTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection between requests.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the request line and headers; larger is 431.
+	MaxHeaderBytes int
+	// MaxBodyBytes bounds request bodies; larger is 413.
+	MaxBodyBytes int
+	// Drain closes the service's long-lived sockets (WebSockets with 1001)
+	// and waits for them; nil when the service has none.
+	Drain func(ctx context.Context) error
+}
+
+// Listener is a running Service.
+type Listener struct {
+	svc   Service
+	srv   *fasthttp.Server
+	ln    *netlimit.Listener
+	log   *slog.Logger
+	errCh chan error
+}
+
+// Listen opens the service's socket; Serve starts answering.
+func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listener, error) {
+	if err := svc.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("server %s: %w", svc.Name, err)
+	}
+	raw, err := net.Listen("tcp", svc.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("server %s: listen %s: %w", svc.Name, svc.Addr, err)
+	}
+	log = log.With("service", svc.Name)
+	l := &Listener{svc: svc, ln: netlimit.New(raw, svc.Limits, counters), log: log, errCh: make(chan error, 1)}
+	l.srv = &fasthttp.Server{
+		Name:                          "edgerelay",
+		Handler:                       svc.Handler,
+		ReadTimeout:                   svc.HeaderTimeout,
+		IdleTimeout:                   svc.IdleTimeout,
+		ReadBufferSize:                svc.MaxHeaderBytes,
+		MaxRequestBodySize:            svc.MaxBodyBytes,
+		NoDefaultServerHeader:         true,
+		NoDefaultDate:                 false,
+		DisablePreParseMultipartForm:  true,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		ErrorHandler:                  errorAnswer,
+		Logger:                        fasthttpLogger{log: log},
+	}
+	return l, nil
+}
+
+// errorAnswer turns fasthttp's own refusals (oversized headers or body,
+// timeouts, garbage) into the JSON error shape every endpoint uses.
+func errorAnswer(ctx *fasthttp.RequestCtx, err error) {
+	var tooBig *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &tooBig):
+		httpx.Error(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large")
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		httpx.Error(ctx, fasthttp.StatusRequestEntityTooLarge, "body too large")
+	default:
+		var te interface{ Timeout() bool }
+		if errors.As(err, &te) && te.Timeout() {
+			httpx.Error(ctx, fasthttp.StatusRequestTimeout, "request timeout")
+			return
+		}
+		httpx.Error(ctx, fasthttp.StatusBadRequest, "malformed request")
+	}
+}
+
+// Addr is the address actually listened on (useful with port 0).
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Limited is the connection-limiting listener, for metrics.
+func (l *Listener) Limited() *netlimit.Listener { return l.ln }
+
+// Name is the service name.
+func (l *Listener) Name() string { return l.svc.Name }
+
+// Serve answers requests until Shutdown; it returns nil after a Shutdown.
+func (l *Listener) Serve() error {
+	var ln net.Listener = l.ln
+	if l.svc.TLS != nil {
+		ln = tls.NewListener(ln, l.svc.TLS)
+	}
+	err := l.srv.Serve(ln)
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("server %s: %w", l.svc.Name, err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting, closes the service's WebSockets with 1001 and
+// waits for in-flight requests and socket writers until ctx ends.
+func (l *Listener) Shutdown(ctx context.Context) error {
+	var errs []error
+	// Stop accepting first so that no new socket appears behind the drain.
+	if err := l.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		errs = append(errs, fmt.Errorf("server %s: close listener: %w", l.svc.Name, err))
+	}
+	if l.svc.Drain != nil {
+		if err := l.svc.Drain(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("server %s: drain: %w", l.svc.Name, err))
+		}
+	}
+	if err := l.srv.ShutdownWithContext(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("server %s: shutdown: %w", l.svc.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// fasthttpLogger sends fasthttp's connection-level errors (garbage from a
+// client, resets) to the structured log at debug level: they are the
+// client's fault and would flood an operator's log otherwise.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.log.Debug(fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,454 @@
+package ws
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Options bound one connection. Zero values take the defaults noted.
+type Options struct {
+	// MaxMessage is the largest data message accepted, in bytes; a larger
+	// one closes the socket with 1009. Default 64 KiB.
+	MaxMessage int
+	// MaxQueue is the most bytes waiting to be written before the socket
+	// is dropped as too slow. Default 2 MiB.
+	MaxQueue int
+	// OverflowCode is the close code sent when MaxQueue is exceeded.
+	// Default 1008 (policy violation); the mailbox watch uses 1013.
+	OverflowCode int
+	// PingInterval is how often the server pings; a socket that has not
+	// answered one ping with a pong by the next is dropped. 0 turns pings off.
+	PingInterval time.Duration
+	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
+	ReadBufferSize int
+	// CloseTimeout bounds how long a closing socket may take to flush its
+	// queue and the close frame. Default 5 s.
+	CloseTimeout time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.MaxMessage <= 0 {
+		o.MaxMessage = 64 << 10
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 2 << 20
+	}
+	if o.OverflowCode == 0 {
+		o.OverflowCode = ClosePolicyViolation
+	}
+	if o.ReadBufferSize <= 0 {
+		o.ReadBufferSize = 4 << 10
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 5 * time.Second
+	}
+}
+
+// Errors returned by Conn.
+var (
+	// ErrClosed: the connection is closing or closed; nothing more is queued.
+	ErrClosed = errors.New("ws: connection closed")
+	// ErrQueueFull: the send queue would exceed MaxQueue; the socket is
+	// being dropped.
+	ErrQueueFull = errors.New("ws: send queue full")
+)
+
+// CloseError reports the close code that ended a read, whether the peer
+// sent it or the server chose it because of what the peer sent.
+type CloseError struct {
+	Code   int
+	Reason string
+	// ByPeer is true when the peer sent the close frame.
+	ByPeer bool
+}
+
+func (e *CloseError) Error() string {
+	who := "server"
+	if e.ByPeer {
+		who = "peer"
+	}
+	return fmt.Sprintf("ws: closed by %s with %d %s", who, e.Code, e.Reason)
+}
+
+// Conn is one server-side WebSocket. Exactly one goroutine reads (the one
+// Upgrade hands the Conn to); any goroutine may queue messages; one writer
+// goroutine owned by the Conn writes them.
+type Conn struct {
+	nc   net.Conn
+	br   *bufio.Reader
+	opts Options
+
+	// Read side, used only by the reading goroutine.
+	msg []byte // reassembly buffer, reused for every message
+	hdr [14]byte
+
+	// Write side. pending collects framed bytes; the writer swaps it with
+	// writing and flushes writing in one system call, so a burst of small
+	// frames costs one write.
+	mu        sync.Mutex
+	pending   []byte
+	inFlight  int // bytes of writing not yet written
+	closing   bool
+	closeCode int
+	wake      chan struct{}
+	done      chan struct{} // closed when the writer has finished
+	pongSeen  atomic.Bool
+	closeOnce sync.Once
+}
+
+func newConn(nc net.Conn, opts Options) *Conn {
+	opts.setDefaults()
+	c := &Conn{
+		nc:   nc,
+		br:   bufio.NewReaderSize(nc, opts.ReadBufferSize),
+		opts: opts,
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	c.pongSeen.Store(true)
+	go c.writeLoop()
+	return c
+}
+
+// RemoteAddr is the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+
+// ReadMessage returns the next text or binary message. The payload aliases
+// a buffer reused by the next call. Pings are answered and pongs recorded
+// here, so the reader must keep reading for the socket to stay alive. On a
+// protocol violation the Conn queues the matching close frame and returns a
+// *CloseError with ByPeer false; when the peer closes, the close is echoed
+// and a *CloseError with ByPeer true is returned.
+func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
+	c.msg = c.msg[:0]
+	msgOp := -1
+	for {
+		fin, frameOp, n, err := c.readHeader()
+		if err != nil {
+			return 0, nil, err
+		}
+		if frameOp >= OpClose {
+			if err := c.readControl(frameOp, fin, n); err != nil {
+				return 0, nil, err
+			}
+			continue
+		}
+		switch {
+		case frameOp == OpContinuation && msgOp < 0:
+			return 0, nil, c.fail(CloseProtocolError, "continuation without a message")
+		case frameOp != OpContinuation && msgOp >= 0:
+			return 0, nil, c.fail(CloseProtocolError, "new message inside a fragmented one")
+		case frameOp != OpContinuation && frameOp != OpText && frameOp != OpBinary:
+			return 0, nil, c.fail(CloseProtocolError, "unknown opcode")
+		}
+		if frameOp != OpContinuation {
+			msgOp = frameOp
+		}
+		if uint64(len(c.msg))+n > uint64(c.opts.MaxMessage) {
+			return 0, nil, c.fail(CloseTooBig, "message too big")
+		}
+		start := len(c.msg)
+		c.msg = grow(c.msg, int(n))
+		if _, err := io.ReadFull(c.br, c.msg[start:]); err != nil {
+			return 0, nil, fmt.Errorf("ws: read payload: %w", err)
+		}
+		maskBytes(c.hdr[:4], c.msg[start:])
+		if !fin {
+			continue
+		}
+		if msgOp == OpText && !utf8.Valid(c.msg) {
+			return 0, nil, c.fail(CloseInvalidPayload, "text is not UTF-8")
+		}
+		return msgOp, c.msg, nil
+	}
+}
+
+// readHeader reads one frame header and leaves its mask key in c.hdr[:4].
+func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
+	h := c.hdr[4:6]
+	if _, err := io.ReadFull(c.br, h); err != nil {
+		return false, 0, 0, fmt.Errorf("ws: read header: %w", err)
+	}
+	fin, op = h[0]&0x80 != 0, int(h[0]&0x0f)
+	if h[0]&0x70 != 0 {
+		return false, 0, 0, c.fail(CloseProtocolError, "reserved bits set")
+	}
+	if h[1]&0x80 == 0 {
+		return false, 0, 0, c.fail(CloseProtocolError, "client frame not masked")
+	}
+	n = uint64(h[1] & 0x7f)
+	switch n {
+	case 126:
+		if _, err := io.ReadFull(c.br, c.hdr[6:8]); err != nil {
+			return false, 0, 0, fmt.Errorf("ws: read length: %w", err)
+		}
+		n = uint64(binary.BigEndian.Uint16(c.hdr[6:8]))
+	case 127:
+		if _, err := io.ReadFull(c.br, c.hdr[6:14]); err != nil {
+			return false, 0, 0, fmt.Errorf("ws: read length: %w", err)
+		}
+		n = binary.BigEndian.Uint64(c.hdr[6:14])
+	}
+	if _, err := io.ReadFull(c.br, c.hdr[:4]); err != nil {
+		return false, 0, 0, fmt.Errorf("ws: read mask: %w", err)
+	}
+	return fin, op, n, nil
+}
+
+// readControl handles a ping, pong or close frame of length n.
+func (c *Conn) readControl(op int, fin bool, n uint64) error {
+	if !fin || n > 125 {
+		return c.fail(CloseProtocolError, "bad control frame")
+	}
+	var buf [125]byte
+	p := buf[:n]
+	if _, err := io.ReadFull(c.br, p); err != nil {
+		return fmt.Errorf("ws: read control: %w", err)
+	}
+	maskBytes(c.hdr[:4], p)
+	switch op {
+	case OpPing:
+		// A pong that does not fit the queue means the peer is not
+		// reading; the overflow already drops the socket.
+		_ = c.queueFrame(OpPong, p, false)
+	case OpPong:
+		c.pongSeen.Store(true)
+	case OpClose:
+		code, reason := CloseNoStatus, ""
+		if n >= 2 {
+			code, reason = int(binary.BigEndian.Uint16(p)), string(p[2:])
+		}
+		if n == 1 || (n >= 2 && !validReceivedCode(code)) {
+			return c.fail(CloseProtocolError, "bad close code")
+		}
+		echo := code
+		if code == CloseNoStatus {
+			echo = CloseNormal
+		}
+		c.Close(echo, "")
+		return &CloseError{Code: code, Reason: reason, ByPeer: true}
+	default:
+		return c.fail(CloseProtocolError, "unknown control opcode")
+	}
+	return nil
+}
+
+func validReceivedCode(code int) bool {
+	switch {
+	case code >= 3000 && code <= 4999:
+		return true
+	case code < 1000 || code >= 1016:
+		return false
+	}
+	return code != 1004 && code != 1005 && code != 1006
+}
+
+// fail closes the socket with code because of what the peer sent.
+func (c *Conn) fail(code int, reason string) error {
+	c.Close(code, reason)
+	return &CloseError{Code: code, Reason: reason}
+}
+
+// WriteText queues payload as one text message. It copies payload, so the
+// caller may reuse it at once. ErrQueueFull means the socket is now being
+// dropped with the overflow code.
+func (c *Conn) WriteText(payload []byte) error { return c.queueFrame(OpText, payload, true) }
+
+// WriteBinary queues payload as one binary message, like WriteText.
+func (c *Conn) WriteBinary(payload []byte) error { return c.queueFrame(OpBinary, payload, true) }
+
+// Queued is the number of bytes waiting to be written.
+func (c *Conn) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) + c.inFlight
+}
+
+func (c *Conn) queueFrame(op int, payload []byte, bounded bool) error {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	if bounded && len(c.pending)+c.inFlight+len(payload)+10 > c.opts.MaxQueue {
+		c.mu.Unlock()
+		c.Close(c.opts.OverflowCode, "send queue full")
+		return ErrQueueFull
+	}
+	c.pending = appendFrame(c.pending, op, payload)
+	c.mu.Unlock()
+	c.signal()
+	return nil
+}
+
+func (c *Conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close queues a close frame with code and reason after what is already
+// queued (or instead of it, when the queue overflowed) and ends the
+// connection once it is written or CloseTimeout passes. It is safe to call
+// from any goroutine, any number of times; the first code wins.
+func (c *Conn) Close(code int, reason string) {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		if code == c.opts.OverflowCode && len(c.pending)+c.inFlight > 0 {
+			// A socket dropped for being slow does not get its backlog:
+			// only the close frame, after whatever write is in progress.
+			c.pending = c.pending[:0]
+		}
+		c.closing, c.closeCode = true, code
+		var body [125]byte
+		binary.BigEndian.PutUint16(body[:2], uint16(code))
+		m := copy(body[2:], reason)
+		c.pending = appendFrame(c.pending, OpClose, body[:2+m])
+		c.mu.Unlock()
+		// Bound everything that follows: a peer that stopped reading
+		// cannot hold the writer (and so the socket) past the deadline.
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.opts.CloseTimeout))
+		c.signal()
+	})
+}
+
+// Abort ends the connection at once without a close frame, for a peer that
+// stopped answering pings.
+func (c *Conn) Abort() {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closing, c.closeCode = true, 0
+		c.pending = c.pending[:0]
+		c.mu.Unlock()
+		c.shutdownSocket()
+		c.signal()
+	})
+}
+
+// CloseCode is the code the server closed with, 0 while open or when the
+// connection was aborted.
+func (c *Conn) CloseCode() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeCode
+}
+
+// Done is closed when the writer has finished and the socket is closed.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// finish runs when the reading goroutine returns: the socket is closing
+// (1000 unless a code was chosen before) and the hijack handler waits for
+// the writer so the close frame is not cut off.
+func (c *Conn) finish() {
+	c.Close(CloseNormal, "")
+	<-c.done
+}
+
+func (c *Conn) writeLoop() {
+	defer close(c.done)
+	defer c.shutdownSocket()
+	var ticker *time.Ticker
+	var tick <-chan time.Time
+	if c.opts.PingInterval > 0 {
+		ticker = time.NewTicker(c.opts.PingInterval)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	var writing []byte
+	for {
+		select {
+		case <-c.wake:
+		case <-tick:
+			if !c.pongSeen.Swap(false) {
+				c.Abort()
+				return
+			}
+			_ = c.queueFrame(OpPing, nil, false)
+			continue
+		}
+		c.mu.Lock()
+		writing, c.pending = c.pending, writing[:0]
+		c.inFlight = len(writing)
+		closing := c.closing
+		c.mu.Unlock()
+		if len(writing) > 0 {
+			_, err := c.nc.Write(writing)
+			c.mu.Lock()
+			c.inFlight = 0
+			c.mu.Unlock()
+			if err != nil {
+				c.Abort()
+				return
+			}
+		}
+		// Keep big buffers only while they are busy, so an idle socket
+		// holds little memory.
+		if cap(writing) > 64<<10 {
+			writing = nil
+		}
+		if closing {
+			c.mu.Lock()
+			more := len(c.pending) > 0
+			c.mu.Unlock()
+			if !more {
+				return
+			}
+			c.signal()
+		}
+	}
+}
+
+// shutdownSocket ends the TCP connection. A deadline in the past wakes the
+// reading goroutine even when Close is deferred by the HTTP server (fasthttp
+// closes a hijacked connection only after its handler returns).
+func (c *Conn) shutdownSocket() {
+	_ = c.nc.SetDeadline(time.Unix(1, 0))
+	_ = c.nc.Close()
+}
+
+// appendFrame appends one unmasked server frame.
+func appendFrame(dst []byte, op int, payload []byte) []byte {
+	n := len(payload)
+	switch {
+	case n < 126:
+		dst = append(dst, 0x80|byte(op), byte(n))
+	case n <= 0xffff:
+		dst = append(dst, 0x80|byte(op), 126, byte(n>>8), byte(n))
+	default:
+		dst = append(dst, 0x80|byte(op), 127)
+		dst = binary.BigEndian.AppendUint64(dst, uint64(n))
+	}
+	return append(dst, payload...)
+}
+
+// grow extends b by n bytes, reusing its capacity when it can.
+func grow(b []byte, n int) []byte {
+	if need := len(b) + n; need <= cap(b) {
+		return b[:need]
+	}
+	nb := make([]byte, len(b)+n, 2*cap(b)+n)
+	copy(nb, b)
+	return nb
+}
+
+// maskBytes XORs p with the 4-byte mask key, eight bytes at a time.
+func maskBytes(key []byte, p []byte) {
+	k := uint64(binary.LittleEndian.Uint32(key))
+	k |= k << 32
+	i := 0
+	for ; i+8 <= len(p); i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], binary.LittleEndian.Uint64(p[i:])^k)
+	}
+	for ; i < len(p); i++ {
+		p[i] ^= key[i&3]
+	}
+}

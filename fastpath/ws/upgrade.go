@@ -1,0 +1,115 @@
+package ws
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/base64"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// acceptGUID is the fixed GUID of RFC 6455 section 1.3.
+const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+// IsUpgrade reports whether the request asks for a WebSocket upgrade.
+func IsUpgrade(ctx *fasthttp.RequestCtx) bool {
+	return ctx.IsGet() &&
+		headerHasToken(ctx.Request.Header.Peek("Connection"), "upgrade") &&
+		headerHasToken(ctx.Request.Header.Peek("Upgrade"), "websocket")
+}
+
+// HandshakeError explains why a request is not a valid WebSocket handshake.
+type HandshakeError string
+
+func (e HandshakeError) Error() string { return "ws: bad handshake: " + string(e) }
+
+// CheckHandshake validates the parts of the handshake that the upgrade
+// itself needs; callers check authentication first so that a refusal is an
+// ordinary HTTP answer with the protocol's own error body.
+func CheckHandshake(ctx *fasthttp.RequestCtx) error {
+	switch {
+	case !ctx.IsGet():
+		return HandshakeError("method is not GET")
+	case !headerHasToken(ctx.Request.Header.Peek("Connection"), "upgrade"):
+		return HandshakeError("Connection header lacks upgrade")
+	case !headerHasToken(ctx.Request.Header.Peek("Upgrade"), "websocket"):
+		return HandshakeError("Upgrade header lacks websocket")
+	case string(ctx.Request.Header.Peek("Sec-WebSocket-Version")) != "13":
+		return HandshakeError("Sec-WebSocket-Version is not 13")
+	case len(ctx.Request.Header.Peek("Sec-WebSocket-Key")) == 0:
+		return HandshakeError("Sec-WebSocket-Key is missing")
+	}
+	return nil
+}
+
+// Upgrade answers 101 and hands the hijacked connection, wrapped in a Conn,
+// to serve, which runs on its own goroutine and should read until the
+// connection ends. subprotocol is echoed when not empty. Call CheckHandshake
+// first. The Conn is closed and its writer finished when serve returns.
+func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, serve func(*Conn)) {
+	key := ctx.Request.Header.Peek("Sec-WebSocket-Key")
+	ctx.SetStatusCode(fasthttp.StatusSwitchingProtocols)
+	ctx.Response.Header.Set("Upgrade", "websocket")
+	ctx.Response.Header.Set("Connection", "Upgrade")
+	ctx.Response.Header.Set("Sec-WebSocket-Accept", acceptKey(key))
+	if subprotocol != "" {
+		ctx.Response.Header.Set("Sec-WebSocket-Protocol", subprotocol)
+	}
+	ctx.Hijack(func(nc net.Conn) {
+		// The HTTP server's header and idle deadlines do not apply to a
+		// WebSocket: pings decide when it is dead.
+		_ = nc.SetDeadline(time.Time{})
+		c := newConn(nc, opts)
+		defer c.finish()
+		serve(c)
+	})
+}
+
+func acceptKey(key []byte) string {
+	h := sha1.New()
+	h.Write(key)
+	h.Write([]byte(acceptGUID))
+	return base64.StdEncoding.EncodeToString(h.Sum(nil))
+}
+
+// headerHasToken reports whether a comma-separated header value holds
+// token, compared case-insensitively.
+func headerHasToken(v []byte, token string) bool {
+	for len(v) > 0 {
+		var part []byte
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			part, v = v[:i], v[i+1:]
+		} else {
+			part, v = v, nil
+		}
+		if bytes.EqualFold(bytes.TrimSpace(part), []byte(token)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Subprotocols returns the values of the Sec-WebSocket-Protocol header in
+// the order the client sent them, calling fn for each until it returns false.
+func Subprotocols(ctx *fasthttp.RequestCtx, fn func(proto []byte) bool) {
+	stopped := false
+	ctx.Request.Header.VisitAll(func(k, v []byte) {
+		if stopped || !bytes.EqualFold(k, []byte("Sec-WebSocket-Protocol")) {
+			return
+		}
+		for len(v) > 0 {
+			var part []byte
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				part, v = v[:i], v[i+1:]
+			} else {
+				part, v = v, nil
+			}
+			if p := bytes.TrimSpace(part); len(p) > 0 && !fn(p) {
+				stopped = true
+				return
+			}
+		}
+	})
+}
