@@ -134,7 +134,8 @@ func (l *Listener) Shutdown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("server %s: drain: %w", l.svc.Name, err))
 		}
 	}
-	if err := l.srv.ShutdownWithContext(ctx); err != nil {
+	// fasthttp closes the listener again and reports that it already was.
+	if err := l.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
 		errs = append(errs, fmt.Errorf("server %s: shutdown: %w", l.svc.Name, err))
 	}
 	return errors.Join(errs...)

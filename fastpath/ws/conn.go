@@ -82,13 +82,15 @@ func (e *CloseError) Error() string {
 // Upgrade hands the Conn to); any goroutine may queue messages; one writer
 // goroutine owned by the Conn writes them.
 type Conn struct {
-	nc   net.Conn
-	br   *bufio.Reader
-	opts Options
+	nc     net.Conn
+	br     *bufio.Reader
+	opts   Options
+	remote net.Addr // kept: nc must not be touched once serve has returned
 
 	// Read side, used only by the reading goroutine.
 	msg []byte // reassembly buffer, reused for every message
 	hdr [14]byte
+	ctl [125]byte // control frame payload; a field so that it is not allocated per frame
 
 	// Write side. pending collects framed bytes; the writer swaps it with
 	// writing and flushes writing in one system call, so a burst of small
@@ -107,19 +109,21 @@ type Conn struct {
 func newConn(nc net.Conn, opts Options) *Conn {
 	opts.setDefaults()
 	c := &Conn{
-		nc:   nc,
-		br:   bufio.NewReaderSize(nc, opts.ReadBufferSize),
-		opts: opts,
-		wake: make(chan struct{}, 1),
-		done: make(chan struct{}),
+		nc:     nc,
+		br:     bufio.NewReaderSize(nc, opts.ReadBufferSize),
+		opts:   opts,
+		remote: nc.RemoteAddr(),
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
 	}
 	c.pongSeen.Store(true)
 	go c.writeLoop()
 	return c
 }
 
-// RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+// RemoteAddr is the peer's address. It stays valid after the connection
+// ended (the hijacked net.Conn does not: fasthttp reuses it).
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 // ReadMessage returns the next text or binary message. The payload aliases
 // a buffer reused by the next call. Pings are answered and pongs recorded
@@ -152,7 +156,8 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 		if frameOp != OpContinuation {
 			msgOp = frameOp
 		}
-		if uint64(len(c.msg))+n > uint64(c.opts.MaxMessage) {
+		// Written so that it cannot overflow: len(c.msg) <= MaxMessage.
+		if n > uint64(c.opts.MaxMessage-len(c.msg)) {
 			return 0, nil, c.fail(CloseTooBig, "message too big")
 		}
 		start := len(c.msg)
@@ -196,6 +201,10 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 			return false, 0, 0, fmt.Errorf("ws: read length: %w", err)
 		}
 		n = binary.BigEndian.Uint64(c.hdr[6:14])
+		if n>>63 != 0 {
+			// RFC 6455 5.2: the most significant bit MUST be 0.
+			return false, 0, 0, c.fail(CloseProtocolError, "length has its high bit set")
+		}
 	}
 	if _, err := io.ReadFull(c.br, c.hdr[:4]); err != nil {
 		return false, 0, 0, fmt.Errorf("ws: read mask: %w", err)
@@ -208,8 +217,7 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 	if !fin || n > 125 {
 		return c.fail(CloseProtocolError, "bad control frame")
 	}
-	var buf [125]byte
-	p := buf[:n]
+	p := c.ctl[:n]
 	if _, err := io.ReadFull(c.br, p); err != nil {
 		return fmt.Errorf("ws: read control: %w", err)
 	}
@@ -217,8 +225,10 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 	switch op {
 	case OpPing:
 		// A pong that does not fit the queue means the peer is not
-		// reading; the overflow already drops the socket.
-		_ = c.queueFrame(OpPong, p, false)
+		// reading; the overflow already drops the socket. Bounded like
+		// data: a peer that sends pings and never reads must not grow
+		// the queue without limit.
+		_ = c.queueFrame(OpPong, p, true)
 	case OpPong:
 		c.pongSeen.Store(true)
 	case OpClose:
@@ -228,6 +238,9 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 		}
 		if n == 1 || (n >= 2 && !validReceivedCode(code)) {
 			return c.fail(CloseProtocolError, "bad close code")
+		}
+		if !utf8.ValidString(reason) {
+			return c.fail(CloseInvalidPayload, "close reason is not UTF-8")
 		}
 		echo := code
 		if code == CloseNoStatus {
@@ -248,7 +261,8 @@ func validReceivedCode(code int) bool {
 	case code < 1000 || code >= 1016:
 		return false
 	}
-	return code != 1004 && code != 1005 && code != 1006
+	// 1004 is reserved; 1005, 1006 and 1015 must never be on the wire.
+	return code != 1004 && code != 1005 && code != 1006 && code != 1015
 }
 
 // fail closes the socket with code because of what the peer sent.
@@ -280,7 +294,7 @@ func (c *Conn) queueFrame(op int, payload []byte, bounded bool) error {
 	}
 	if bounded && len(c.pending)+c.inFlight+len(payload)+10 > c.opts.MaxQueue {
 		c.mu.Unlock()
-		c.Close(c.opts.OverflowCode, "send queue full")
+		c.close(c.opts.OverflowCode, "send queue full", true)
 		return ErrQueueFull
 	}
 	c.pending = appendFrame(c.pending, op, payload)
@@ -300,18 +314,30 @@ func (c *Conn) signal() {
 // queued (or instead of it, when the queue overflowed) and ends the
 // connection once it is written or CloseTimeout passes. It is safe to call
 // from any goroutine, any number of times; the first code wins.
-func (c *Conn) Close(code int, reason string) {
+func (c *Conn) Close(code int, reason string) { c.close(code, reason, false) }
+
+// close is Close; dropBacklog discards what is queued and not yet being
+// written. Only the overflow sets it: a socket dropped for being slow does
+// not get its backlog, only the close frame after whatever write is in
+// progress. (Deciding this by comparing code with OverflowCode would drop
+// the backlog of an ordinary Close that happens to use the same code.)
+func (c *Conn) close(code int, reason string, dropBacklog bool) {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
-		if code == c.opts.OverflowCode && len(c.pending)+c.inFlight > 0 {
-			// A socket dropped for being slow does not get its backlog:
-			// only the close frame, after whatever write is in progress.
+		if dropBacklog {
 			c.pending = c.pending[:0]
 		}
 		c.closing, c.closeCode = true, code
 		var body [125]byte
 		binary.BigEndian.PutUint16(body[:2], uint16(code))
 		m := copy(body[2:], reason)
+		if m < len(reason) {
+			// Cut on a rune boundary: the peer fails a close frame whose
+			// reason is not valid UTF-8.
+			for m > 0 && !utf8.RuneStart(reason[m]) {
+				m--
+			}
+		}
 		c.pending = appendFrame(c.pending, OpClose, body[:2+m])
 		c.mu.Unlock()
 		// Bound everything that follows: a peer that stopped reading
@@ -353,6 +379,9 @@ func (c *Conn) finish() {
 	<-c.done
 }
 
+// maxIdleBuffer is the largest queue buffer a socket keeps while idle.
+const maxIdleBuffer = 64 << 10
+
 func (c *Conn) writeLoop() {
 	defer close(c.done)
 	defer c.shutdownSocket()
@@ -372,6 +401,17 @@ func (c *Conn) writeLoop() {
 				c.Abort()
 				return
 			}
+			// Big buffers go back once per interval: an idle socket
+			// holds little memory, a busy one regrows its spare at
+			// most once per interval.
+			if cap(writing) > maxIdleBuffer {
+				writing = nil
+			}
+			c.mu.Lock()
+			if len(c.pending) == 0 && cap(c.pending) > maxIdleBuffer {
+				c.pending = nil
+			}
+			c.mu.Unlock()
 			_ = c.queueFrame(OpPing, nil, false)
 			continue
 		}
@@ -384,16 +424,23 @@ func (c *Conn) writeLoop() {
 			_, err := c.nc.Write(writing)
 			c.mu.Lock()
 			c.inFlight = 0
+			// Without pings, big buffers go back as soon as the queue
+			// is empty (with pings, at the next tick, so that bursts
+			// do not regrow them each time). Never while more is
+			// queued: a socket under steady load would grow a new
+			// buffer for every write.
+			idle := tick == nil && len(c.pending) == 0
+			if idle && cap(c.pending) > maxIdleBuffer {
+				c.pending = nil
+			}
 			c.mu.Unlock()
 			if err != nil {
 				c.Abort()
 				return
 			}
-		}
-		// Keep big buffers only while they are busy, so an idle socket
-		// holds little memory.
-		if cap(writing) > 64<<10 {
-			writing = nil
+			if idle && cap(writing) > maxIdleBuffer {
+				writing = nil
+			}
 		}
 		if closing {
 			c.mu.Lock()

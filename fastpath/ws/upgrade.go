@@ -40,8 +40,21 @@ func CheckHandshake(ctx *fasthttp.RequestCtx) error {
 		return HandshakeError("Sec-WebSocket-Version is not 13")
 	case len(ctx.Request.Header.Peek("Sec-WebSocket-Key")) == 0:
 		return HandshakeError("Sec-WebSocket-Key is missing")
+	case !validKey(ctx.Request.Header.Peek("Sec-WebSocket-Key")):
+		return HandshakeError("Sec-WebSocket-Key is not 16 bytes in base64")
 	}
 	return nil
+}
+
+// validKey reports whether key is the base64 encoding of 16 bytes, as RFC
+// 6455 section 4.2.1 requires of the client's key.
+func validKey(key []byte) bool {
+	if len(key) != 24 { // checked first: Decode would overrun b
+		return false
+	}
+	var b [18]byte
+	n, err := base64.StdEncoding.Decode(b[:], key)
+	return err == nil && n == 16
 }
 
 // Upgrade answers 101 and hands the hijacked connection, wrapped in a Conn,

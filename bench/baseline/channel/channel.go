@@ -67,6 +67,10 @@ type computer struct {
 	online bool  // a control socket is open or being opened
 	ctrl   *conn // nil until the control socket's upgrade has finished
 	phones map[string]*phone
+	// ready is closed when the upgrade of the control socket being opened
+	// has finished (or failed): the 101 reaches the computer before ctrl
+	// is set, so a phone arriving in that instant waits for it.
+	ready chan struct{}
 }
 
 type phone struct {
@@ -163,6 +167,10 @@ func (r *relay) host(w http.ResponseWriter, req *http.Request) {
 	comp.mu.Lock()
 	busy := comp.online
 	comp.online = true // reserved before the upgrade so that two racing sockets cannot both win
+	ready := make(chan struct{})
+	if !busy {
+		comp.ready = ready
+	}
 	comp.mu.Unlock()
 	if busy {
 		writeError(w, http.StatusForbidden, "control socket already open")
@@ -173,6 +181,7 @@ func (r *relay) host(w http.ResponseWriter, req *http.Request) {
 		comp.mu.Lock()
 		comp.online = false
 		comp.mu.Unlock()
+		close(ready)
 		return
 	}
 	ws.SetReadLimit(maxControlFrame)
@@ -180,6 +189,7 @@ func (r *relay) host(w http.ResponseWriter, req *http.Request) {
 	comp.mu.Lock()
 	comp.ctrl = ctrl
 	comp.mu.Unlock()
+	close(ready)
 
 	comp.readControl(ctrl)
 
@@ -246,6 +256,12 @@ func (r *relay) channel(w http.ResponseWriter, req *http.Request) {
 	if comp == nil {
 		writeError(w, http.StatusForbidden, "unknown phone token")
 		return
+	}
+	comp.mu.Lock()
+	ready, online := comp.ready, comp.online
+	comp.mu.Unlock()
+	if online && ready != nil {
+		<-ready
 	}
 	comp.mu.Lock()
 	ctrl, full := comp.ctrl, len(comp.phones) >= maxPhones

@@ -613,3 +613,12 @@ func TestParseCrossCheck(t *testing.T) {
 		t.Errorf("mutations too lopsided to mean much: %d accepted, %d rejected", accepted, rejected)
 	}
 }
+
+// TestReadLimit checks that the worst-case escaping of a maximal phone frame
+// fits the suggested read limit.
+func TestReadLimit(t *testing.T) {
+	worst := control.AppendData(nil, mkID(testID), bytes.Repeat([]byte{0x1f}, control.MaxData))
+	if len(worst) > control.ReadLimit || len(worst) < 6*control.MaxData {
+		t.Fatalf("worst-case frame is %d bytes, ReadLimit %d", len(worst), control.ReadLimit)
+	}
+}

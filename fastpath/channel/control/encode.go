@@ -24,6 +24,11 @@ const (
 	// MaxData is the largest phone frame, in bytes, that a data message may
 	// carry. For Parse it applies after unescaping.
 	MaxData = 70000
+	// ReadLimit is a read limit for control sockets that admits every data
+	// message Parse accepts as written by a sane encoder: MaxData bytes escaped
+	// as \u00XX each (six times larger, the worst case), plus room for the
+	// envelope. The spec asks relays to accept at least 6 x 70,000 bytes.
+	ReadLimit = 6*MaxData + 4096
 )
 
 // ID is a channel id as it appears on the wire: 32 lowercase hex characters.

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"edgerelay/cmd/edgerelay/config"
+	"edgerelay/fastpath/admin"
+	"edgerelay/fastpath/channel"
+	"edgerelay/store"
+)
+
+const keysUsage = `usage:
+  edgerelay keys channel add --host NAME     create a claim key for a computer; prints the key once
+  edgerelay keys channel list                list hosts and whether each key is used
+  edgerelay keys channel revoke --host NAME  revoke a host's key and disconnect it
+
+Each works against the running server (through RELAY_ADMIN_LISTEN and the
+admin token in RELAY_DATA_DIR) or, when no server runs, on the store itself.
+Flags: --data-dir DIR, --admin-listen HOST:PORT (default from RELAY_* like serve).
+`
+
+func runKeys(args []string, stdout, stderr io.Writer) int {
+	if len(args) < 2 || args[0] != "channel" {
+		fmt.Fprint(stderr, keysUsage)
+		return 2
+	}
+	verb := args[1]
+	values, err := config.Load(nil, os.Environ(), io.Discard)
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerelay keys: %v\n", err)
+		return 2
+	}
+	fs := flag.NewFlagSet("keys channel "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data-dir", values.String(config.EnvDataDir), "data dir of the relay")
+	adminAddr := fs.String("admin-listen", values.String(config.EnvAdminListen), "admin address of the running relay")
+	host := fs.String("host", "", "host name of the computer")
+	if err := fs.Parse(args[2:]); err != nil {
+		return 2
+	}
+	if *host == "" && fs.NArg() == 1 {
+		*host = fs.Arg(0)
+	}
+	k := keysClient{dataDir: *dataDir, adminAddr: *adminAddr}
+	switch verb {
+	case "add":
+		if *host == "" {
+			fmt.Fprint(stderr, keysUsage)
+			return 2
+		}
+		key, err := k.add(*host)
+		if err != nil {
+			fmt.Fprintf(stderr, "edgerelay keys channel add: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "claim key for host %q (shown once; the relay keeps only its hash):\n%s\n", *host, key)
+	case "list":
+		list, err := k.list()
+		if err != nil {
+			fmt.Fprintf(stderr, "edgerelay keys channel list: %v\n", err)
+			return 1
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "HOST\tUSED\tCLAIMED\tCONNECTED\tCREATED")
+		for _, i := range list {
+			fmt.Fprintf(tw, "%s\t%t\t%t\t%t\t%s\n", i.Host, i.Used, i.Claimed, i.Connected, i.Created.Format(time.RFC3339))
+		}
+		_ = tw.Flush()
+	case "revoke":
+		if *host == "" {
+			fmt.Fprint(stderr, keysUsage)
+			return 2
+		}
+		if err := k.revoke(*host); err != nil {
+			fmt.Fprintf(stderr, "edgerelay keys channel revoke: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "revoked host %q\n", *host)
+	default:
+		fmt.Fprint(stderr, keysUsage)
+		return 2
+	}
+	return 0
+}
+
+// keysClient reaches the key store through the running server when there
+// is one, else opens the store directly (which fails while a server holds
+// its lock, so the two never write at once).
+type keysClient struct {
+	dataDir, adminAddr string
+}
+
+// errNoServer means no server answered: use the store directly.
+var errNoServer = errors.New("no running server")
+
+func (k keysClient) add(host string) (string, error) {
+	var resp admin.AddKeyResponse
+	err := k.call(http.MethodPost, "", admin.AddKeyRequest{Host: host}, http.StatusCreated, &resp)
+	if errors.Is(err, errNoServer) {
+		err = k.offline(func(keys channel.Keys) error {
+			var aerr error
+			resp.Key, aerr = keys.Add(host)
+			return aerr
+		})
+	}
+	return resp.Key, err
+}
+
+func (k keysClient) list() ([]channel.KeyInfo, error) {
+	var list []channel.KeyInfo
+	err := k.call(http.MethodGet, "", nil, http.StatusOK, &list)
+	if errors.Is(err, errNoServer) {
+		err = k.offline(func(keys channel.Keys) error {
+			var lerr error
+			list, lerr = keys.List()
+			return lerr
+		})
+	}
+	return list, err
+}
+
+func (k keysClient) revoke(host string) error {
+	err := k.call(http.MethodDelete, "/"+host, nil, http.StatusOK, nil)
+	if errors.Is(err, errNoServer) {
+		err = k.offline(func(keys channel.Keys) error { return keys.Revoke(host) })
+	}
+	return err
+}
+
+func (k keysClient) offline(fn func(channel.Keys) error) error {
+	db, err := store.Open(k.dataDir, nil)
+	if err != nil {
+		return fmt.Errorf("no server answered at %s and the store cannot be opened (is a server running with another admin address?): %w", k.adminAddr, err)
+	}
+	ferr := fn(channel.Keys{Claims: store.NewChannelClaims(db)})
+	return errors.Join(ferr, db.Close())
+}
+
+// call sends one admin request; errNoServer when there is no admin token
+// (no server running on this data dir) or nothing listens.
+func (k keysClient) call(method, suffix string, body any, want int, out any) error {
+	tok, err := os.ReadFile(filepath.Join(k.dataDir, adminTokenFile))
+	if errors.Is(err, os.ErrNotExist) || k.adminAddr == "" {
+		return errNoServer
+	}
+	if err != nil {
+		return fmt.Errorf("admin token: %w", err)
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+k.adminAddr+"/v1/keys/channel"+suffix, rd)
+	if err != nil {
+		return fmt.Errorf("admin request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		// A stale token file from a server that was killed: nothing listens.
+		return fmt.Errorf("%w: %v", errNoServer, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("admin answer: %w", err)
+	}
+	if resp.StatusCode != want {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		return fmt.Errorf("relay answered %d: %s", resp.StatusCode, e.Error)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("admin answer: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+// Command edgerelay is the relay: `serve` (the default) runs every
+// configured service; `keys` manages claim keys and other secrets; `conformance`
+// checks any relay from the outside; `version` prints the build.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+)
+
+const usageText = `usage: edgerelay [command] [flags]
+
+commands:
+  serve         run the relay (the default); edgerelay serve --help lists every setting
+  keys          manage keys: edgerelay keys channel add --host NAME | list | revoke --host NAME
+  conformance   check a relay from the outside: edgerelay conformance channel --origin URL --key-a-file F --key-b-file F
+  version       print the version
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
+		return runServe(args, stdout, stderr)
+	}
+	switch args[0] {
+	case "serve":
+		return runServe(args[1:], stdout, stderr)
+	case "keys":
+		return runKeys(args[1:], stdout, stderr)
+	case "conformance":
+		return runConformance(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version())
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usageText)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "edgerelay: unknown command %q\n\n%s", args[0], usageText)
+		return 2
+	}
+}
+
+// version is the module version and VCS revision the binary was built from.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "edgerelay (unknown build)"
+	}
+	v := "edgerelay " + info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			v += " " + s.Value
+		}
+	}
+	return v + " " + info.GoVersion
+}

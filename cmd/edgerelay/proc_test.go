@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binary is the edgerelay binary built once for the package's tests: the
+// black-box tests run it as an operator would.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "edgerelay-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "edgerelay")
+	args := []string{"build", "-o", binary}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// relayProc is one running `edgerelay serve` process.
+type relayProc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	dataDir string
+	env     []string
+	addrs   map[string]string // service -> host:port, from its start-up lines
+	stdout  []string
+	mu      sync.Mutex
+	stderr  *lockedBuffer
+	exited  chan struct{}
+}
+
+var listenLine = regexp.MustCompile(`^(\S+):\s+listening on (https?)://(\S+) `)
+
+// startServer runs serve with a fresh data dir (unless RELAY_DATA_DIR is in
+// env) and every listener on a free loopback port unless env says otherwise.
+func startServer(t *testing.T, env ...string) *relayProc {
+	t.Helper()
+	base := []string{
+		"RELAY_DATA_DIR=" + t.TempDir(),
+		"RELAY_ADMIN_LISTEN=127.0.0.1:0",
+		"RELAY_CHANNEL_LISTEN=127.0.0.1:0",
+		"RELAY_DRAIN_TIMEOUT=5s",
+	}
+	s := &relayProc{t: t, env: mergeEnv(base, env)}
+	for _, kv := range s.env {
+		if v, ok := strings.CutPrefix(kv, "RELAY_DATA_DIR="); ok {
+			s.dataDir = v
+		}
+	}
+	s.start()
+	t.Cleanup(func() { s.kill() })
+	return s
+}
+
+func mergeEnv(base, over []string) []string {
+	out := append([]string(nil), base...)
+	for _, kv := range over {
+		name, _, _ := strings.Cut(kv, "=")
+		replaced := false
+		for i, b := range out {
+			if strings.HasPrefix(b, name+"=") {
+				out[i], replaced = kv, true
+			}
+		}
+		if !replaced {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// start launches the process and waits for its start-up lines.
+func (s *relayProc) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(binary, "serve")
+	s.cmd.Env = append(cleanEnv(), s.env...)
+	s.stderr = &lockedBuffer{}
+	s.cmd.Stderr = s.stderr
+	out, err := s.cmd.StdoutPipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.exited = make(chan struct{})
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	go func() { _ = s.cmd.Wait(); close(s.exited) }()
+	s.addrs = map[string]string{}
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				s.t.Fatalf("serve exited during start-up:\n%s\n%s", strings.Join(s.stdout, "\n"), s.stderr.String())
+			}
+			s.mu.Lock()
+			s.stdout = append(s.stdout, line)
+			s.mu.Unlock()
+			if m := listenLine.FindStringSubmatch(line); m != nil {
+				s.addrs[m[1]] = m[3]
+			}
+			// The last start-up line is TURN's (services print in order).
+			if strings.HasPrefix(line, "turn:") {
+				go func() {
+					for range lines {
+					}
+				}()
+				return
+			}
+		case <-deadline:
+			s.t.Fatalf("serve did not start:\n%s", s.stderr.String())
+		}
+	}
+}
+
+// cleanEnv is the test process's environment without RELAY_* settings.
+func cleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RELAY_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func (s *relayProc) origin(service string) string { return "http://" + s.addrs[service] }
+
+// signal sends sig and waits (bounded) for the exit; it returns the exit code.
+func (s *relayProc) signal(sig syscall.Signal, within time.Duration) int {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatal(err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(within):
+		s.t.Fatalf("no exit within %v after %v", within, sig)
+	}
+	return s.cmd.ProcessState.ExitCode()
+}
+
+func (s *relayProc) kill() {
+	if s.cmd != nil && s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// restart stops the process with SIGKILL (no clean shutdown) and starts it
+// again on the same data dir and, when fixed, the same ports.
+func (s *relayProc) restartHard() {
+	s.t.Helper()
+	s.kill()
+	s.start()
+}
+
+// edgerelay runs a command of the binary with env and returns its output.
+func edgerelay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatal(err)
+		}
+		code = ee.ExitCode()
+	}
+	return o.String(), e.String(), code
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// freePort reserves a loopback port for a server that must keep its address
+// across a restart.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/cmd/edgerelay/config"
+	"edgerelay/fastpath/admin"
+	"edgerelay/fastpath/channel"
+	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/netlimit"
+	"edgerelay/fastpath/server"
+	"edgerelay/fastpath/tlsconf"
+	"edgerelay/store"
+)
+
+// adminTokenFile is where serve leaves the admin token for the command
+// line, inside the data dir, readable by the data dir's owner only.
+const adminTokenFile = "admin.token"
+
+// bootstrapFile holds the v1 setup key: the claim key of host "default".
+const bootstrapFile = "bootstrap.secret"
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	values, err := config.Load(args, os.Environ(), stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
+		return 2
+	}
+	cfg, err := values.Config()
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if unknown := values.UnknownEnv(); len(unknown) > 0 {
+		log.Warn("unknown RELAY_* environment variables ignored", "names", unknown)
+	}
+	log.Info("starting", "version", version(), "settings", values)
+
+	r, err := startRelay(cfg, log, stdout)
+	if err != nil {
+		log.Error("start failed", "err", err)
+		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
+		return 1
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				r.reloadTLS()
+				continue
+			}
+			log.Info("draining", "signal", sig.String(), "bound", cfg.DrainTimeout.String())
+			if err := r.shutdown(cfg.DrainTimeout); err != nil {
+				log.Error("drain incomplete", "err", err)
+				return 1
+			}
+			log.Info("stopped")
+			return 0
+		case err := <-r.failed:
+			log.Error("listener failed", "err", err)
+			_ = r.shutdown(cfg.DrainTimeout)
+			return 1
+		}
+	}
+}
+
+// relay is every running part of one serve process.
+type relay struct {
+	cfg       config.Config
+	log       *slog.Logger
+	db        *store.DB
+	admin     *admin.Handler
+	listeners []*server.Listener
+	reloaders []*tlsconf.Reloader
+	failed    chan error
+}
+
+func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	db, err := store.Open(cfg.DataDir, log)
+	if err != nil {
+		return nil, err
+	}
+	r = &relay{cfg: cfg, log: log, db: db, failed: make(chan error, 8)}
+	defer func() {
+		if err != nil {
+			r.closeAll()
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	listenerMetrics, err := netlimit.NewPromMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+
+	var services []server.Service
+	var keys *channel.Keys
+	lines := map[config.Service]string{}
+	if l := cfg.Listeners[config.Channel]; l.On() {
+		claims := store.NewChannelClaims(db)
+		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg)})
+		keys = &channel.Keys{Claims: claims, Handler: h}
+		if err := loadBootstrap(cfg.DataDir, keys, log); err != nil {
+			return nil, err
+		}
+		svc := r.service(string(config.Channel), l, h.ServeHTTP, h.Drain)
+		svc.MaxBodyBytes = 64 << 10
+		services = append(services, svc)
+		lines[config.Channel] = "add a computer: edgerelay keys channel add --host NAME (prints its claim key)"
+	}
+	for _, s := range []config.Service{config.Mailbox, config.PushFCM, config.PushAPNs, config.Agent, config.TURN} {
+		if cfg.Listeners[s].On() {
+			lines[s] = "not in this build yet; listener not opened"
+		}
+	}
+
+	token, err := writeAdminToken(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	r.admin = admin.New(admin.Config{Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, Log: log.With("service", "admin")})
+	if cfg.AdminListen != "" {
+		services = append(services, server.Service{
+			Name: "admin", Addr: cfg.AdminListen, Handler: r.admin.ServeHTTP,
+			HeaderTimeout: cfg.Limits.HeaderTimeout, IdleTimeout: cfg.Limits.IdleTimeout,
+			MaxHeaderBytes: cfg.Limits.MaxHeaderBytes, MaxBodyBytes: 64 << 10,
+		})
+	}
+
+	for i := range services {
+		svc := services[i]
+		if svc.TLS == nil && svc.Name != "admin" {
+			if l := cfg.Listeners[config.Service(svc.Name)]; l.TLS() {
+				rl, err := tlsconf.NewReloader(l.CertFile, l.KeyFile)
+				if err != nil {
+					return nil, fmt.Errorf("%s TLS: %w", svc.Name, err)
+				}
+				r.reloaders = append(r.reloaders, rl)
+				svc.TLS = tlsconf.ServerConfig(rl, false)
+			}
+		}
+		ln, err := server.Listen(svc, listenerMetrics.For(svc.Name), log)
+		if err != nil {
+			return nil, err
+		}
+		if err := listenerMetrics.TrackOpen(svc.Name, ln.Limited()); err != nil {
+			_ = ln.Shutdown(context.Background())
+			return nil, err
+		}
+		r.listeners = append(r.listeners, ln)
+	}
+	for _, ln := range r.listeners {
+		go func() {
+			if err := ln.Serve(); err != nil {
+				r.failed <- err
+			}
+		}()
+	}
+	r.admin.SetReady(true)
+
+	for _, ln := range r.listeners {
+		scheme := "http"
+		if ln.Name() != "admin" && cfg.Listeners[config.Service(ln.Name())].TLS() {
+			scheme = "https"
+		}
+		what := lines[config.Service(ln.Name())]
+		if ln.Name() == "admin" {
+			what = "/metrics, /healthz, /readyz and key management for the command line"
+		}
+		fmt.Fprintf(stdout, "%-9s listening on %s://%s — %s\n", ln.Name()+":", scheme, ln.Addr(), what)
+		log.Info("listening", "service", ln.Name(), "addr", ln.Addr().String(), "scheme", scheme)
+	}
+	for _, s := range config.Services() {
+		if msg, ok := lines[s]; ok && s != config.Channel {
+			fmt.Fprintf(stdout, "%-9s %s\n", string(s)+":", msg)
+		} else if !cfg.Listeners[s].On() {
+			fmt.Fprintf(stdout, "%-9s off (empty listen address)\n", string(s)+":")
+		}
+	}
+	return r, nil
+}
+
+// service builds a protocol listener's description from the settings.
+func (r *relay) service(name string, l config.Listener, h fasthttp.RequestHandler, drain func(context.Context) error) server.Service {
+	lim := r.cfg.Limits
+	return server.Service{
+		Name: name, Addr: l.Addr, Handler: h, Drain: drain,
+		Limits: netlimit.Limits{
+			MaxConns: lim.MaxConns, MaxConnsPerIP: lim.MaxConnsPerIP,
+			AcceptRate: float64(lim.AcceptRate), AcceptBurst: lim.AcceptBurst,
+		},
+		HeaderTimeout: lim.HeaderTimeout, IdleTimeout: lim.IdleTimeout, MaxHeaderBytes: lim.MaxHeaderBytes,
+	}
+}
+
+// reloadTLS re-reads every configured certificate (SIGHUP); open
+// connections keep the certificate they started with.
+func (r *relay) reloadTLS() {
+	for _, rl := range r.reloaders {
+		if err := rl.Reload(); err != nil {
+			r.log.Error("certificate reload failed; keeping the old one", "err", err)
+			continue
+		}
+		r.log.Info("certificate reloaded", "not_after", rl.Leaf().NotAfter)
+	}
+}
+
+// shutdown drains every listener within bound, then closes the store.
+func (r *relay) shutdown(bound time.Duration) error {
+	r.admin.SetReady(false)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	var errs []error
+	done := make(chan error, len(r.listeners))
+	for _, ln := range r.listeners {
+		go func() { done <- ln.Shutdown(ctx) }()
+	}
+	for range r.listeners {
+		if err := <-done; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.listeners = nil
+	if err := r.closeAll(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *relay) closeAll() error {
+	var errs []error
+	for _, ln := range r.listeners {
+		errs = append(errs, ln.Shutdown(context.Background()))
+	}
+	_ = os.Remove(filepath.Join(r.cfg.DataDir, adminTokenFile))
+	errs = append(errs, r.db.Close())
+	return errors.Join(errs...)
+}
+
+// writeAdminToken makes a fresh admin token for this process and leaves it
+// in the data dir (0600) for the command line. It is a session credential:
+// a restart replaces it, and a clean stop removes it.
+func writeAdminToken(dataDir string) (string, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("admin token: %w", err)
+	}
+	tok := hex.EncodeToString(raw[:])
+	path := filepath.Join(dataDir, adminTokenFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("admin token: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("admin token: %w", err)
+	}
+	return tok, nil
+}
+
+// loadBootstrap stores the hash of <data dir>/bootstrap.secret, when that
+// file exists, as the claim key of host "default" (the v1 setup).
+func loadBootstrap(dataDir string, keys *channel.Keys, log *slog.Logger) error {
+	raw, err := os.ReadFile(filepath.Join(dataDir, bootstrapFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bootstrap.secret: %w", err)
+	}
+	if err := keys.AddExisting("default", strings.TrimSpace(string(raw))); err != nil {
+		return fmt.Errorf("bootstrap.secret: %w", err)
+	}
+	log.Info("bootstrap.secret loaded as the claim key of host default")
+	return nil
+}
