@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -387,5 +388,57 @@ func TestServeHelpAndBadSettings(t *testing.T) {
 	}
 	if _, _, code := edgerelay(t, nil, "frobnicate"); code != 2 {
 		t.Fatalf("unknown command exit %d", code)
+	}
+}
+
+func TestListenerLimitsRefuseAndCount(t *testing.T) {
+	s := startServer(t, "RELAY_MAX_CONNS=2", "RELAY_MAX_CONNS_PER_IP=2")
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", s.addrs["channel"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	// Wait until the server has accepted both (the gauge says so).
+	metric := func(name string) string {
+		_, body := get(t, s.origin("admin")+"/metrics")
+		for _, l := range strings.Split(body, "\n") {
+			if strings.HasPrefix(l, name+" ") {
+				return strings.TrimPrefix(l, name+" ")
+			}
+		}
+		return ""
+	}
+	waitUntil(t, func() bool { return metric(`edgerelay_listener_open_connections{service="channel"}`) == "2" })
+	third, err := net.Dial("tcp", s.addrs["channel"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	_ = third.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := third.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("third connection was served: %d %v", n, err)
+	}
+	if got := metric(`edgerelay_listener_refused_total{reason="total",service="channel"}`); got != "1" {
+		t.Fatalf("refusals counted: %q", got)
+	}
+	held[0].Close()
+	waitUntil(t, func() bool { return metric(`edgerelay_listener_open_connections{service="channel"}`) == "1" })
+	if code, _ := get(t, s.origin("channel")+"/health"); code != 200 {
+		t.Fatalf("health after a slot freed: %d", code)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

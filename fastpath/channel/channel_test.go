@@ -461,3 +461,42 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestSilentSocketsDroppedByPings(t *testing.T) {
+	r := startRelay(t, relayOpts{ping: 100 * time.Millisecond})
+	c := r.claim(r.addKey("alpha"))
+	ctl := r.dialHost(c.owner)
+	// gorilla answers pings only while something reads: this phone never
+	// reads, so it never answers.
+	_, silentID := r.dialPhone(c.phone, ctl)
+	live, liveID := r.dialPhone(c.phone, ctl)
+	liveDone := make(chan struct{})
+	go func() { // the live phone reads, and so answers every ping
+		defer close(liveDone)
+		for {
+			if _, _, err := live.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	// The control socket is read by readControl, which answers its pings.
+	start := time.Now()
+	m := readControl(t, ctl)
+	if m.Type != "close" || m.ID != silentID {
+		t.Fatalf("computer got %+v, want close of the silent phone", m)
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Fatalf("dropped after %v, before a ping could go unanswered", waited)
+	}
+	// The live phone and the control socket are still up after several
+	// more intervals: a frame still crosses.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		sendText(t, live, "tick")
+		if m := readControl(t, ctl); m.ID != liveID || *m.Data != "tick" {
+			t.Fatalf("computer got %+v", m)
+		}
+	}
+	live.Close()
+	<-liveDone
+}

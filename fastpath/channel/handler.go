@@ -230,18 +230,29 @@ func (h *Handler) Connected(key store.Hash) bool {
 	return c != nil && c.open()
 }
 
-func (h *Handler) status(ctx *fasthttp.RequestCtx) {
-	tok := httpx.Bearer(ctx)
-	if tok == nil {
-		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
-		return
+// authenticate finds the claimed computer a presented token belongs to
+// (lookup is ByOwner or ByPhone). When there is none it answers refusal
+// with "unknown token" and returns false; a store failure is logged, never
+// the token.
+func (h *Handler) authenticate(ctx *fasthttp.RequestCtx, tok []byte, lookup func(store.Hash) (store.ChannelKey, error), refusal int) (store.ChannelKey, bool) {
+	if len(tok) == 0 {
+		httpx.Error(ctx, refusal, "unknown token")
+		return store.ChannelKey{}, false
 	}
-	k, err := h.cfg.Claims.ByOwner(httpx.Hash(tok))
+	k, err := lookup(httpx.Hash(tok))
 	if err != nil {
 		if !errors.Is(err, store.ErrUnknownToken) {
-			h.log.Error("status lookup failed", "err", err)
+			h.log.Error("token lookup failed", "path", string(ctx.Path()), "err", err)
 		}
-		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
+		httpx.Error(ctx, refusal, "unknown token")
+		return store.ChannelKey{}, false
+	}
+	return k, true
+}
+
+func (h *Handler) status(ctx *fasthttp.RequestCtx) {
+	k, ok := h.authenticate(ctx, httpx.Bearer(ctx), h.cfg.Claims.ByOwner, fasthttp.StatusNotFound)
+	if !ok {
 		return
 	}
 	out, _ := json.Marshal(struct {

@@ -39,6 +39,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "edgerelay_channel_phone_channels", Help: "Open phone channels.",
 		}),
 	}
+	// Every outcome's series exists from the start, at zero, so that rate()
+	// and alerts work before the first event.
+	for _, o := range []string{"claimed", "no_bearer", "too_large", "bad_body", "unknown_key", "used", "token_in_use"} {
+		m.claims.WithLabelValues(o)
+	}
+	for _, r := range []string{"control_open", "computer_offline", "too_many_phones"} {
+		m.refused.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.claims, m.refused, m.malformed, m.toComputer, m.toPhone, m.computers, m.phones)
 	}

@@ -1,7 +1,6 @@
 package channel
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -73,17 +72,8 @@ func (h *Handler) wsOptions(maxMessage int) ws.Options {
 
 // openControl upgrades GET /host into the computer's control socket.
 func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
-	tok := httpx.Bearer(ctx)
-	if tok == nil {
-		httpx.Error(ctx, fasthttp.StatusForbidden, "unknown token")
-		return
-	}
-	k, err := h.cfg.Claims.ByOwner(httpx.Hash(tok))
-	if err != nil {
-		if !errors.Is(err, store.ErrUnknownToken) {
-			h.log.Error("owner lookup failed", "err", err)
-		}
-		httpx.Error(ctx, fasthttp.StatusForbidden, "unknown token")
+	k, ok := h.authenticate(ctx, httpx.Bearer(ctx), h.cfg.Claims.ByOwner, fasthttp.StatusForbidden)
+	if !ok {
 		return
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
@@ -200,16 +190,8 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 	if tok == nil {
 		tok = ctx.Request.Header.Peek("X-BotHarness-Admission")
 	}
-	if len(tok) == 0 {
-		httpx.Error(ctx, fasthttp.StatusForbidden, "unknown token")
-		return
-	}
-	k, err := h.cfg.Claims.ByPhone(httpx.Hash(tok))
-	if err != nil {
-		if !errors.Is(err, store.ErrUnknownToken) {
-			h.log.Error("phone lookup failed", "err", err)
-		}
-		httpx.Error(ctx, fasthttp.StatusForbidden, "unknown token")
+	k, ok := h.authenticate(ctx, tok, h.cfg.Claims.ByPhone, fasthttp.StatusForbidden)
+	if !ok {
 		return
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
