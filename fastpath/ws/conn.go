@@ -26,6 +26,8 @@ type Options struct {
 	OverflowCode int
 	// PingInterval is how often the server pings; a socket that has not
 	// answered one ping with a pong by the next is dropped. 0 turns pings off.
+	// An idle socket also gives back queue buffers above 64 KiB at the
+	// next tick (without pings, as soon as its queue is empty).
 	PingInterval time.Duration
 	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
 	ReadBufferSize int

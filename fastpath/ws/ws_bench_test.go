@@ -131,35 +131,39 @@ func benchRead(b *testing.B, impl string, size int) {
 	for range perWrite {
 		batch = append(batch, f...)
 	}
+	sent := make(chan error, 1)
+	run := func(n int) {
+		go func() {
+			for left := n; left > 0; {
+				k := min(left, perWrite)
+				if _, err := rc.nc.Write(batch[:k*len(f)]); err != nil {
+					sent <- err
+					return
+				}
+				left -= k
+			}
+			sent <- nil
+		}()
+		for i := range n {
+			p, err := c.read()
+			if err != nil {
+				b.Fatalf("message %d: %v", i, err)
+			}
+			if len(p) != size {
+				b.Fatalf("message %d has %d bytes, expected %d", i, len(p), size)
+			}
+		}
+		if err := <-sent; err != nil {
+			b.Fatal(err)
+		}
+	}
 
+	run(2 * perWrite) // warm up: buffers grow to their working size
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	b.ResetTimer()
-	sent := make(chan error, 1)
-	go func() {
-		for left := b.N; left > 0; {
-			n := min(left, perWrite)
-			if _, err := rc.nc.Write(batch[:n*len(f)]); err != nil {
-				sent <- err
-				return
-			}
-			left -= n
-		}
-		sent <- nil
-	}()
-	for i := 0; i < b.N; i++ {
-		p, err := c.read()
-		if err != nil {
-			b.Fatalf("message %d: %v", i, err)
-		}
-		if len(p) != size {
-			b.Fatalf("message %d has %d bytes, expected %d", i, len(p), size)
-		}
-	}
+	run(b.N)
 	b.StopTimer()
-	if err := <-sent; err != nil {
-		b.Fatal(err)
-	}
 }
 
 func BenchmarkWriteText(b *testing.B) {
@@ -181,37 +185,44 @@ func benchWrite(b *testing.B, impl string, size int) {
 	// client: well inside MaxQueue, large enough to keep the writer busy.
 	const window = 4
 	perBatch := max(1, (256<<10)/frameLen)
-	batches := (b.N + perBatch - 1) / perBatch
-	credits := make(chan struct{}, batches+1)
+	warmup := 2 * window * perBatch
+	credits := make(chan struct{}, (max(b.N, warmup)+perBatch-1)/perBatch+1)
 	buf := make([]byte, perBatch*frameLen)
+	received := make(chan error, 1)
+	run := func(n int) {
+		go func() {
+			for left := n; left > 0; {
+				k := min(left, perBatch)
+				if _, err := fullRead(rc, buf[:k*frameLen]); err != nil {
+					received <- err
+					return
+				}
+				left -= k
+				credits <- struct{}{}
+			}
+			received <- nil
+		}()
+		for i := range n {
+			if i%perBatch == 0 && i >= window*perBatch {
+				<-credits
+			}
+			if err := c.writeText(payload); err != nil {
+				b.Fatalf("message %d: %v", i, err)
+			}
+		}
+		if err := <-received; err != nil {
+			b.Fatal(err)
+		}
+		for len(credits) > 0 { // credits this run did not spend
+			<-credits
+		}
+	}
 
+	run(warmup) // warm up: the queue buffers grow to their working size
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	b.ResetTimer()
-	received := make(chan error, 1)
-	go func() {
-		for left := b.N; left > 0; {
-			n := min(left, perBatch)
-			if _, err := fullRead(rc, buf[:n*frameLen]); err != nil {
-				received <- err
-				return
-			}
-			left -= n
-			credits <- struct{}{}
-		}
-		received <- nil
-	}()
-	for i := 0; i < b.N; i++ {
-		if i%perBatch == 0 && i >= window*perBatch {
-			<-credits
-		}
-		if err := c.writeText(payload); err != nil {
-			b.Fatalf("message %d: %v", i, err)
-		}
-	}
-	if err := <-received; err != nil {
-		b.Fatal(err)
-	}
+	run(b.N)
 	b.StopTimer()
 	if string(buf[frameLen-len(payload):frameLen]) != string(payload) {
 		b.Fatal("the client read something else than was written")
