@@ -28,7 +28,7 @@ func TestCompareSmall(t *testing.T) {
 			t.Errorf("implausible %s side: %+v", s.Name, s)
 		}
 	}
-	if rep.Ratio != rep.Ours.Median/rep.Baseline.Median || rep.Elapsed <= 0 {
+	if rep.Ratio != rep.Ours.Median/rep.Baseline.Median || rep.RoundRatio <= 0 || rep.Elapsed <= 0 {
 		t.Errorf("report %+v", rep)
 	}
 	if got := strings.Count(progress.String(), "\n"); got != 6 {

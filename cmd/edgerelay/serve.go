@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"edgerelay/fastpath/admin"
 	"edgerelay/fastpath/channel"
 	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/mailbox"
 	"edgerelay/fastpath/netlimit"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/tlsconf"
@@ -98,6 +100,8 @@ type relay struct {
 	listeners []*server.Listener
 	reloaders []*tlsconf.Reloader
 	failed    chan error
+	// stopBackground ends the services' background loops.
+	stopBackground []context.CancelFunc
 }
 
 func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
@@ -108,10 +112,13 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	if err != nil {
 		return nil, err
 	}
-	r = &relay{cfg: cfg, log: log, db: db, failed: make(chan error, 8)}
+	// Every early return below hands back a nil relay: release what was
+	// opened through this reference.
+	opened := &relay{cfg: cfg, log: log, db: db, failed: make(chan error, 8)}
+	r = opened
 	defer func() {
 		if err != nil {
-			r.closeAll()
+			_ = opened.closeAll()
 		}
 	}()
 
@@ -137,7 +144,38 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		services = append(services, svc)
 		lines[config.Channel] = "add a computer: edgerelay keys channel add --host NAME (prints its claim key)"
 	}
-	for _, s := range []config.Service{config.Mailbox, config.PushFCM, config.PushAPNs, config.Agent, config.TURN} {
+	if l := cfg.Listeners[config.Mailbox]; l.On() {
+		apps, err := mailbox.ParseApps(cfg.Mailbox.Apps)
+		if err != nil {
+			return nil, err
+		}
+		h, err := mailbox.New(mailbox.Config{
+			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
+			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
+			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
+			Metrics: mailbox.NewMetrics(reg),
+		})
+		if err != nil {
+			return nil, err
+		}
+		bg, stop := context.WithCancel(context.Background())
+		r.stopBackground = append(r.stopBackground, stop)
+		go h.Run(bg)
+		svc := r.service(string(config.Mailbox), l, h.ServeHTTP, h.Drain)
+		svc.MaxBodyBytes = cfg.Mailbox.MaxEnvelope + 4096
+		services = append(services, svc)
+		names := make([]string, 0, len(apps))
+		for n := range apps {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		if len(names) == 0 {
+			lines[config.Mailbox] = "no apps: set RELAY_APPS (e.g. RELAY_APPS=\"notes;chat:push=com.example.chat,signal,ice\")"
+		} else {
+			lines[config.Mailbox] = "apps " + strings.Join(names, ", ") + " under /v1/<app>/mailbox/<id>"
+		}
+	}
+	for _, s := range []config.Service{config.PushFCM, config.PushAPNs, config.Agent, config.TURN} {
 		if cfg.Listeners[s].On() {
 			lines[s] = "not in this build yet; listener not opened"
 		}
@@ -200,7 +238,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		log.Info("listening", "service", ln.Name(), "addr", ln.Addr().String(), "scheme", scheme)
 	}
 	for _, s := range config.Services() {
-		if msg, ok := lines[s]; ok && s != config.Channel {
+		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox {
 			fmt.Fprintf(stdout, "%-9s %s\n", string(s)+":", msg)
 		} else if !cfg.Listeners[s].On() {
 			fmt.Fprintf(stdout, "%-9s off (empty listen address)\n", string(s)+":")
@@ -257,6 +295,9 @@ func (r *relay) shutdown(bound time.Duration) error {
 }
 
 func (r *relay) closeAll() error {
+	for _, stop := range r.stopBackground {
+		stop()
+	}
 	var errs []error
 	for _, ln := range r.listeners {
 		errs = append(errs, ln.Shutdown(context.Background()))

@@ -263,9 +263,6 @@ func (l *forwardLoop) setDeadlines(d time.Duration) {
 }
 
 func TestForwardingAllocatesNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation measurement skipped in -short mode")
-	}
 	// An hour between pings keeps ping frames out of the byte-exact reads.
 	r := startRelay(t, relayOpts{ping: time.Hour})
 	c := r.claim(r.addKey("alloc"))

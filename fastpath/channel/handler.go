@@ -86,7 +86,7 @@ func New(cfg Config) *Handler {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	h := &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, computers: make(map[store.Hash]*computer)}
-	h.scratch.New = func() any { b := make([]byte, 0, 1024); return &b }
+	h.scratch.New = func() any { b := make([]byte, 0, 2048); return &b }
 	return h
 }
 

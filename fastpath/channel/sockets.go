@@ -288,7 +288,10 @@ func (h *Handler) readPhone(ctl *ws.Conn, p *phone) {
 		bp := h.scratch.Get().(*[]byte)
 		*bp = control.AppendData((*bp)[:0], &p.id, frame)
 		err = ctl.WriteText(*bp)
-		if cap(*bp) <= 64<<10 {
+		// Even a frame at the limit, escaped, fits a pooled buffer, so
+		// forwarding stays allocation-free up to 70,000 bytes; the pool
+		// itself lets idle buffers go at GC.
+		if cap(*bp) <= maxControlFrame {
 			h.scratch.Put(bp)
 		}
 		if err != nil {

@@ -2,6 +2,7 @@ package ws
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,6 +30,11 @@ type Options struct {
 	// An idle socket also gives back queue buffers above 64 KiB at the
 	// next tick (without pings, as soon as its queue is empty).
 	PingInterval time.Duration
+	// SilenceTimeout, when set, replaces the pong rule: a socket from which
+	// no frame at all (data, ping, pong) arrives for this long is closed
+	// with 1001. Pings still go out every PingInterval so that a live peer
+	// has something to answer.
+	SilenceTimeout time.Duration
 	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
 	ReadBufferSize int
 	// CloseTimeout bounds how long a closing socket may take to flush its
@@ -103,7 +109,9 @@ type Conn struct {
 	closing   bool
 	closeCode int
 	wake      chan struct{}
+	drained   chan struct{} // signalled after each write, for WaitQueued
 	done      chan struct{} // closed when the writer has finished
+	shut      atomic.Bool   // the socket is being torn down
 	pongSeen  atomic.Bool
 	closeOnce sync.Once
 }
@@ -111,12 +119,13 @@ type Conn struct {
 func newConn(nc net.Conn, opts Options) *Conn {
 	opts.setDefaults()
 	c := &Conn{
-		nc:     nc,
-		br:     bufio.NewReaderSize(nc, opts.ReadBufferSize),
-		opts:   opts,
-		remote: nc.RemoteAddr(),
-		wake:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
+		nc:      nc,
+		br:      bufio.NewReaderSize(nc, opts.ReadBufferSize),
+		opts:    opts,
+		remote:  nc.RemoteAddr(),
+		wake:    make(chan struct{}, 1),
+		drained: make(chan struct{}, 1),
+		done:    make(chan struct{}),
 	}
 	c.pongSeen.Store(true)
 	go c.writeLoop()
@@ -180,8 +189,20 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 
 // readHeader reads one frame header and leaves its mask key in c.hdr[:4].
 func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
+	if c.opts.SilenceTimeout > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(c.opts.SilenceTimeout))
+		// A teardown that set a past deadline just before must not be
+		// undone by the new one (see shutdownSocket).
+		if c.shut.Load() {
+			return false, 0, 0, ErrClosed
+		}
+	}
 	h := c.hdr[4:6]
 	if _, err := io.ReadFull(c.br, h); err != nil {
+		var ne net.Error
+		if c.opts.SilenceTimeout > 0 && errors.As(err, &ne) && ne.Timeout() && !c.shut.Load() {
+			c.Close(CloseGoingAway, "silent too long")
+		}
 		return false, 0, 0, fmt.Errorf("ws: read header: %w", err)
 	}
 	fin, op = h[0]&0x80 != 0, int(h[0]&0x0f)
@@ -280,6 +301,30 @@ func (c *Conn) WriteText(payload []byte) error { return c.queueFrame(OpText, pay
 
 // WriteBinary queues payload as one binary message, like WriteText.
 func (c *Conn) WriteBinary(payload []byte) error { return c.queueFrame(OpBinary, payload, true) }
+
+// WaitQueued blocks until fewer than below bytes wait to be written, so
+// that a producer with a large backlog to send (a watch replay) can pace
+// itself instead of overflowing the queue. ErrClosed when the socket ends.
+func (c *Conn) WaitQueued(ctx context.Context, below int) error {
+	for {
+		c.mu.Lock()
+		queued, closing := len(c.pending)+c.inFlight, c.closing
+		c.mu.Unlock()
+		if closing {
+			return ErrClosed
+		}
+		if queued < below {
+			return nil
+		}
+		select {
+		case <-c.drained:
+		case <-c.done:
+			return ErrClosed
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
 
 // Queued is the number of bytes waiting to be written.
 func (c *Conn) Queued() int {
@@ -399,7 +444,7 @@ func (c *Conn) writeLoop() {
 		select {
 		case <-c.wake:
 		case <-tick:
-			if !c.pongSeen.Swap(false) {
+			if !c.pongSeen.Swap(false) && c.opts.SilenceTimeout == 0 {
 				c.Abort()
 				return
 			}
@@ -426,6 +471,10 @@ func (c *Conn) writeLoop() {
 			_, err := c.nc.Write(writing)
 			c.mu.Lock()
 			c.inFlight = 0
+			select {
+			case c.drained <- struct{}{}:
+			default:
+			}
 			// Without pings, big buffers go back as soon as the queue
 			// is empty (with pings, at the next tick, so that bursts
 			// do not regrow them each time). Never while more is
@@ -460,6 +509,7 @@ func (c *Conn) writeLoop() {
 // reading goroutine even when Close is deferred by the HTTP server (fasthttp
 // closes a hijacked connection only after its handler returns).
 func (c *Conn) shutdownSocket() {
+	c.shut.Store(true)
 	_ = c.nc.SetDeadline(time.Unix(1, 0))
 	_ = c.nc.Close()
 }

@@ -62,20 +62,34 @@ func validKey(key []byte) bool {
 // connection ends. subprotocol is echoed when not empty. Call CheckHandshake
 // first. The Conn is closed and its writer finished when serve returns.
 func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, serve func(*Conn)) {
-	key := ctx.Request.Header.Peek("Sec-WebSocket-Key")
-	ctx.SetStatusCode(fasthttp.StatusSwitchingProtocols)
-	ctx.Response.Header.Set("Upgrade", "websocket")
-	ctx.Response.Header.Set("Connection", "Upgrade")
-	ctx.Response.Header.Set("Sec-WebSocket-Accept", acceptKey(key))
+	// The 101 is written by the hijacked goroutine itself rather than by
+	// fasthttp: fasthttp skips the hijack handler when its own flush of
+	// the answer fails, and a caller that reserved something for this
+	// socket (a watcher slot, a control-socket claim) would then never
+	// release it. This way serve runs for every answered upgrade.
+	resp := make([]byte, 0, 160+len(subprotocol))
+	resp = append(resp, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "...)
+	resp = append(resp, acceptKey(ctx.Request.Header.Peek("Sec-WebSocket-Key"))...)
 	if subprotocol != "" {
-		ctx.Response.Header.Set("Sec-WebSocket-Protocol", subprotocol)
+		resp = append(resp, "\r\nSec-WebSocket-Protocol: "...)
+		resp = append(resp, subprotocol...)
 	}
+	resp = append(resp, "\r\n\r\n"...)
+	ctx.HijackSetNoResponse(true)
+	opts.setDefaults()
 	ctx.Hijack(func(nc net.Conn) {
 		// The HTTP server's header and idle deadlines do not apply to a
-		// WebSocket: pings decide when it is dead.
+		// WebSocket: pings decide when it is dead. The answer itself is
+		// bounded like a close, and written before the Conn's writer
+		// exists so that nothing can overtake it.
+		_ = nc.SetDeadline(time.Now().Add(opts.CloseTimeout))
+		_, werr := nc.Write(resp)
 		_ = nc.SetDeadline(time.Time{})
 		c := newConn(nc, opts)
 		defer c.finish()
+		if werr != nil {
+			c.Abort() // serve still runs: its first read fails and it cleans up
+		}
 		serve(c)
 	})
 }

@@ -1,0 +1,63 @@
+package mailbox
+
+import (
+	"fmt"
+	"time"
+
+	"edgerelay/fastpath/bucket"
+)
+
+// limits are the per-mailbox token buckets of the spec, in memory only.
+type limits struct {
+	envelopes     *bucket.Set // envelopes stored: 120, 2/s
+	fetches       *bucket.Set // fetches, HEADs, prunes, claims, erases: 240, 4/s
+	connections   *bucket.Set // watch and signal sockets: 20, 1 per 5 s
+	signalFrames  *bucket.Set // per side: 400, 50/s
+	pushes        *bucket.Set // per direction: 20, 1 per 2 s
+	registrations *bucket.Set // push registrations: 10, 1/min
+	ice           *bucket.Set // ICE credentials: 6, 1 per 30 s
+}
+
+func newLimits() (*limits, error) {
+	mk := func(burst int, every time.Duration) (*bucket.Set, error) {
+		s, err := bucket.NewSet(bucket.Config{Burst: burst, Interval: every})
+		if err != nil {
+			return nil, fmt.Errorf("mailbox: bucket %d per %v: %w", burst, every, err)
+		}
+		return s, nil
+	}
+	var l limits
+	var err error
+	for _, b := range []struct {
+		dst   **bucket.Set
+		burst int
+		every time.Duration
+	}{
+		{&l.envelopes, 120, time.Second / 2},
+		{&l.fetches, 240, time.Second / 4},
+		{&l.connections, 20, 5 * time.Second},
+		{&l.signalFrames, 400, time.Second / 50},
+		{&l.pushes, 20, 2 * time.Second},
+		{&l.registrations, 10, time.Minute},
+		{&l.ice, 6, 30 * time.Second},
+	} {
+		if *b.dst, err = mk(b.burst, b.every); err != nil {
+			return nil, err
+		}
+	}
+	return &l, nil
+}
+
+func (l *limits) all() []*bucket.Set {
+	return []*bucket.Set{l.envelopes, l.fetches, l.connections, l.signalFrames, l.pushes, l.registrations, l.ice}
+}
+
+// sweep evicts idle full buckets so memory stays bounded under churn.
+func (l *limits) sweep(now int64) {
+	for _, s := range l.all() {
+		s.Sweep(now)
+	}
+}
+
+// dirKey is the bucket key of one direction (or signal side) of a mailbox.
+func dirKey(mailboxKey uint64, dir byte) uint64 { return mailboxKey ^ uint64(dir)<<56 }

@@ -1,0 +1,28 @@
+package mailbox
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the mailbox relay's Prometheus series; no label holds a
+// mailbox id, app-independent counts only.
+type Metrics struct {
+	envelopesStored  prometheus.Counter
+	mailboxesCreated prometheus.Counter
+	mailboxesExpired prometheus.Counter
+	rateLimited      prometheus.Counter
+	watchers         prometheus.Gauge
+}
+
+// NewMetrics creates the series and registers them with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		envelopesStored:  prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelopes_stored_total", Help: "Envelopes stored (201)."}),
+		mailboxesCreated: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_created_total", Help: "Mailboxes created by a claim."}),
+		mailboxesExpired: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_expired_total", Help: "Mailboxes erased by idle expiry."}),
+		rateLimited:      prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_rate_limited_total", Help: "Requests answered 429 rate_limited."}),
+		watchers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_watch_sockets", Help: "Open watch sockets."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers)
+	}
+	return m
+}

@@ -1,0 +1,176 @@
+package mailbox
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+
+	"edgerelay/fastpath/ws"
+	"edgerelay/store"
+)
+
+// mailbox is the in-memory view of one mailbox, loaded from the store on
+// first use. mu serializes its state changes: claims, erases, the
+// bookkeeping of writes (not their disk syncs, which run unlocked so that
+// concurrent writers share a group commit) and the watcher lists.
+type mailbox struct {
+	name string
+	key  uint64 // hash of name, for the rate-limit buckets
+
+	mu      sync.Mutex
+	loaded  bool
+	exists  bool
+	rec     store.MailboxRecord
+	dirs    [2]direction
+	lastUse int64 // unix ns of the last request, for cache eviction
+}
+
+// direction is one direction's state.
+type direction struct {
+	loaded bool
+	store.DirectionState
+	// inflight holds the sequences being written: a second writer of the
+	// same sequence waits for the first to settle, then compares bytes.
+	inflight map[uint64]chan struct{}
+	// reserved counts envelopes and bytes being written, so that the
+	// 507 check holds while their syncs run unlocked.
+	reservedCount, reservedBytes int
+	watchers                     []*watcher
+	// pendingWatchers counts upgrades admitted but not yet registered, so
+	// that a 9th socket is refused before its upgrade.
+	pendingWatchers int
+	// foregroundUntil is the unix ns until which the reader counts as in
+	// the foreground (its watch socket sent ping within 45 s).
+	foregroundUntil int64
+}
+
+func dirIndex(d byte) int {
+	if d == store.DirP2C {
+		return 0
+	}
+	return 1
+}
+
+// cache holds the loaded mailboxes in shards so that unrelated mailboxes do
+// not contend on one lock.
+type cache struct {
+	seed   maphash.Seed
+	shards [64]cacheShard
+}
+
+type cacheShard struct {
+	mu sync.Mutex
+	m  map[string]*mailbox
+}
+
+func newCache() *cache {
+	c := &cache{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*mailbox)
+	}
+	return c
+}
+
+// get returns the mailbox named name (creating an unloaded entry). name
+// may alias a scratch buffer: it is copied only when a new entry is made.
+func (c *cache) get(name []byte) *mailbox {
+	h := maphash.Bytes(c.seed, name)
+	s := &c.shards[h&63]
+	s.mu.Lock()
+	m := s.m[string(name)]
+	if m == nil {
+		m = &mailbox{name: string(name), key: h}
+		s.m[m.name] = m
+	}
+	s.mu.Unlock()
+	return m
+}
+
+// evictIdle drops mailboxes nobody has used since before cutoff and that
+// have no watcher or write in flight, so memory stays bounded under churn.
+func (c *cache) evictIdle(cutoff int64) (evicted int) {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		for name, m := range s.m {
+			if m.mu.TryLock() {
+				if m.lastUse < cutoff && m.quiet() {
+					delete(s.m, name)
+					evicted++
+				}
+				m.mu.Unlock()
+			}
+		}
+		s.mu.Unlock()
+	}
+	return evicted
+}
+
+func (c *cache) len() int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += len(c.shards[i].m)
+		c.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+// quiet reports whether nothing holds this mailbox in memory (mu held).
+func (m *mailbox) quiet() bool {
+	for i := range m.dirs {
+		d := &m.dirs[i]
+		if len(d.watchers) > 0 || len(d.inflight) > 0 || d.pendingWatchers > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// load reads the mailbox record once (mu held).
+func (m *mailbox) load(log *store.EnvelopeLog) error {
+	if m.loaded {
+		return nil
+	}
+	rec, err := log.Mailbox(m.name)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		m.exists = false
+	case err != nil:
+		return fmt.Errorf("mailbox: load %s: %w", m.name, err)
+	default:
+		m.exists, m.rec = true, rec
+	}
+	m.loaded = true
+	return nil
+}
+
+// direction returns a direction's state, loading it once (mu held).
+func (m *mailbox) direction(log *store.EnvelopeLog, dir byte) (*direction, error) {
+	d := &m.dirs[dirIndex(dir)]
+	if !d.loaded {
+		st, err := log.State(m.name, dir)
+		if err != nil {
+			return nil, fmt.Errorf("mailbox: load %s/%c: %w", m.name, dir, err)
+		}
+		d.DirectionState, d.loaded = st, true
+	}
+	return d, nil
+}
+
+// forget resets the in-memory state after an erase or expiry (mu held) and
+// returns the sockets to close.
+func (m *mailbox) forget() []*ws.Conn {
+	var conns []*ws.Conn
+	for i := range m.dirs {
+		for _, w := range m.dirs[i].watchers {
+			conns = append(conns, w.conn)
+		}
+		inflight, pending := m.dirs[i].inflight, m.dirs[i].pendingWatchers
+		m.dirs[i] = direction{loaded: true, inflight: inflight, pendingWatchers: pending}
+	}
+	m.exists = false
+	m.rec = store.MailboxRecord{}
+	return conns
+}
