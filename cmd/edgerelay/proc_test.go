@@ -19,7 +19,7 @@ import (
 
 // binary is the edgerelay binary built once for the package's tests: the
 // black-box tests run it as an operator would.
-var binary string
+var binaryPath string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "edgerelay-bin")
@@ -27,8 +27,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "edgerelay")
-	args := []string{"build", "-o", binary}
+	binaryPath = filepath.Join(dir, "edgerelay")
+	args := []string{"build", "-o", binaryPath}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
@@ -99,7 +99,7 @@ func mergeEnv(base, over []string) []string {
 // start launches the process and waits for its start-up lines.
 func (s *relayProc) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(binary, "serve")
+	s.cmd = exec.Command(binaryPath, "serve")
 	s.cmd.Env = append(cleanEnv(), s.env...)
 	s.stderr = &lockedBuffer{}
 	s.cmd.Stderr = s.stderr
@@ -193,7 +193,7 @@ func (s *relayProc) restartHard() {
 // edgerelay runs a command of the binary with env and returns its output.
 func edgerelay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	cmd := exec.Command(binaryPath, args...)
 	cmd.Env = append(cleanEnv(), env...)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e

@@ -382,6 +382,10 @@ func TestServeHelpAndBadSettings(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "RELAY_MAX_CONNS") {
 		t.Fatalf("bad setting: exit %d: %s", code, errOut)
 	}
+	_, errOut, code = edgerelay(t, []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_APPS=notes;Bad_App:signal", "RELAY_CHANNEL_LISTEN=", "RELAY_ADMIN_LISTEN=", "RELAY_MAILBOX_LISTEN=127.0.0.1:0"}, "serve")
+	if code == 0 || !strings.Contains(errOut, `RELAY_APPS entry "Bad_App:signal"`) {
+		t.Fatalf("bad RELAY_APPS: exit %d: %s", code, errOut)
+	}
 	out, _, code = edgerelay(t, nil, "version")
 	if code != 0 || !strings.HasPrefix(out, "edgerelay ") {
 		t.Fatalf("version: %d %q", code, out)

@@ -8,7 +8,8 @@ import (
 	"edgerelay/sdk/link"
 )
 
-// ErrBatch is wrapped by every error of DecodeBatch.
+// ErrBatch is wrapped by every error of DecodeBatch, and by Batch's error
+// for an answer that does not parse.
 var ErrBatch = errors.New("malformed batch")
 
 // DecodeBatch splits a batch body (Content-Type application/vnd.zerobyte.batch)
@@ -21,6 +22,16 @@ var ErrBatch = errors.New("malformed batch")
 // below link.Overhead (25), since the relay never stores such an envelope.
 // An empty body is a batch of none (nothing stored above after).
 func DecodeBatch(body []byte) ([][]byte, error) {
+	envs, err := decodeBatch(body)
+	if err != nil {
+		return nil, fmt.Errorf("mailbox: %w", err)
+	}
+	return envs, nil
+}
+
+// decodeBatch is DecodeBatch without the package prefix on its errors, for
+// Batch, which adds its own.
+func decodeBatch(body []byte) ([][]byte, error) {
 	var envs [][]byte
 	for off := 0; off < len(body); {
 		if len(body)-off < 4 {

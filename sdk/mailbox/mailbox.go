@@ -216,7 +216,7 @@ func (m *Mailbox) Batch(ctx context.Context, dir link.Direction, after uint64, l
 	if err != nil {
 		return nil, false, fmt.Errorf("mailbox: %s: %w", op, err)
 	}
-	envs, err = DecodeBatch(body)
+	envs, err = decodeBatch(body)
 	if err != nil {
 		return nil, false, fmt.Errorf("mailbox: %s: %w", op, err)
 	}
