@@ -7,6 +7,7 @@ package mailbox
 import (
 	"context"
 	"crypto/subtle"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -33,6 +34,8 @@ type Config struct {
 	// MaxBehind is how far a watcher may fall behind before 1013 (1 MiB).
 	MaxBehind int
 	Metrics   *Metrics
+	// ICE configures the ice endpoint of apps that enable it.
+	ICE ICEConfig
 	// Now is the clock (time.Now by default); tests move it to refill
 	// buckets and expire mailboxes.
 	Now func() time.Time
@@ -97,6 +100,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	apps := make(map[string]*App, len(cfg.Apps))
 	for name, a := range cfg.Apps {
+		if a.ICE && !cfg.ICE.Enabled() {
+			return nil, fmt.Errorf("RELAY_APPS: app %q enables ice, but neither RELAY_TURN_SECRET (with the TURN listener or RELAY_TURN_RELAY_IP) nor RELAY_CF_TURN_KEY_ID and RELAY_CF_TURN_API_TOKEN are set", name)
+		}
 		apps[name] = &a
 	}
 	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), limits: lim}, nil
@@ -113,13 +119,13 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		errBadRequest.answer(ctx)
 		return
 	}
-	// Extensions come with the next issue's modules; until an app may
-	// enable them they answer exactly like an unknown path.
-	if r.kind == routePush || r.kind == routeSignal || r.kind == routeICE {
+	// An extension the app has not enabled answers exactly like an
+	// unknown path. Push arrives with its provider modules.
+	if r.kind == routePush || (r.kind == routeSignal && !r.app.Signal) || (r.kind == routeICE && !r.app.ICE) {
 		errNotFound.answer(ctx)
 		return
 	}
-	tok := h.bearer(ctx, r.kind == routeWatch)
+	tok := h.bearer(ctx, r.kind == routeWatch || r.kind == routeSignal)
 	if !validBearer(tok) {
 		errUnauthorized.answer(ctx)
 		return
@@ -163,6 +169,10 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		}
 	case r.kind == routeWatch && method == fasthttp.MethodGet:
 		h.watch(ctx, m, r, now)
+	case r.kind == routeSignal && method == fasthttp.MethodGet:
+		h.signal(ctx, m, r, now)
+	case r.kind == routeICE && method == fasthttp.MethodGet:
+		h.ice(ctx, m, now)
 	default:
 		errNotFound.answer(ctx)
 	}

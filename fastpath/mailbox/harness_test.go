@@ -44,6 +44,7 @@ type opts struct {
 	maxBehind                        int
 	dataDir                          string
 	ping, silence                    time.Duration
+	ice                              *mailbox.ICEConfig
 }
 
 func start(t *testing.T, o opts) *relay {
@@ -62,12 +63,16 @@ func start(t *testing.T, o opts) *relay {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ice := mailbox.ICEConfig{Secret: testTURNSecret, URLs: []string{"stun:127.0.0.1:3478", "turn:127.0.0.1:3478?transport=udp"}}
+	if o.ice != nil {
+		ice = *o.ice
+	}
 	c := &clock{}
 	c.ns.Store(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC).UnixNano())
 	h, err := mailbox.New(mailbox.Config{
 		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle,
 		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
-		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now,
+		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +162,8 @@ func envelope(seq uint64, n int, fill byte) []byte {
 	}
 	return e
 }
+
+const testTURNSecret = "turn-rest-secret"
 
 const (
 	id    = "AAECAwQFBgcICQoLDA0ODw"

@@ -10,6 +10,8 @@ type Metrics struct {
 	mailboxesExpired prometheus.Counter
 	rateLimited      prometheus.Counter
 	watchers         prometheus.Gauge
+	signalSockets    prometheus.Gauge
+	signalFrames     prometheus.Counter
 }
 
 // NewMetrics creates the series and registers them with reg (nil: unregistered).
@@ -20,9 +22,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		mailboxesExpired: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_expired_total", Help: "Mailboxes erased by idle expiry."}),
 		rateLimited:      prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_rate_limited_total", Help: "Requests answered 429 rate_limited."}),
 		watchers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_watch_sockets", Help: "Open watch sockets."}),
+		signalSockets:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_signal_sockets", Help: "Open signal sockets."}),
+		signalFrames:     prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_signal_frames_total", Help: "Signal frames forwarded."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers)
+		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames)
 	}
 	return m
 }

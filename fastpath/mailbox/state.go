@@ -23,6 +23,7 @@ type mailbox struct {
 	exists  bool
 	rec     store.MailboxRecord
 	dirs    [2]direction
+	signal  signalSides
 	lastUse int64 // unix ns of the last request, for cache eviction
 }
 
@@ -125,7 +126,7 @@ func (m *mailbox) quiet() bool {
 			return false
 		}
 	}
-	return true
+	return m.signal[0].Load() == nil && m.signal[1].Load() == nil
 }
 
 // load reads the mailbox record once (mu held).
@@ -169,6 +170,11 @@ func (m *mailbox) forget() []*ws.Conn {
 		}
 		inflight, pending := m.dirs[i].inflight, m.dirs[i].pendingWatchers
 		m.dirs[i] = direction{loaded: true, inflight: inflight, pendingWatchers: pending}
+	}
+	for i := range m.signal {
+		if c := m.signal[i].Swap(nil); c != nil {
+			conns = append(conns, c)
+		}
 	}
 	m.exists = false
 	m.rec = store.MailboxRecord{}

@@ -59,11 +59,7 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		errBadRequest.answer(ctx)
 		return
 	}
-	offered := false
-	ws.Subprotocols(ctx, func(p []byte) bool {
-		offered = string(p) == watchSubprotocol
-		return !offered
-	})
+	proto := offeredSubprotocol(ctx)
 	m.mu.Lock()
 	d, err := m.direction(h.cfg.Store, r.dir)
 	if err != nil {
@@ -82,10 +78,6 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 	}
 	d.pendingWatchers++
 	m.mu.Unlock()
-	proto := ""
-	if offered {
-		proto = watchSubprotocol // never the bearer
-	}
 	opts := ws.Options{
 		MaxMessage:     1024,
 		MaxQueue:       h.cfg.MaxBehind,

@@ -1,0 +1,162 @@
+package mailbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ICEConfig is where the ice endpoint gets TURN credentials from: the
+// coturn REST scheme with a shared secret (the built-in TURN server, or
+// any coturn), Cloudflare Realtime TURN, or both.
+type ICEConfig struct {
+	// Secret is RELAY_TURN_SECRET; with URLs it enables REST credentials.
+	Secret string
+	// URLs are the STUN/TURN URLs of the REST-credential server, e.g.
+	// stun:relay.example.com:3478 and turn:relay.example.com:3478?transport=udp.
+	URLs []string
+	// TTL of the credentials handed out (default 1 h).
+	TTL time.Duration
+	// Cloudflare Realtime TURN key (both set to use it) and its API base.
+	CloudflareKeyID, CloudflareToken string
+	CloudflareURL                    string
+	// HTTPClient calls Cloudflare (default: 5 s timeout).
+	HTTPClient *http.Client
+}
+
+// Enabled reports whether any source is configured.
+func (c ICEConfig) Enabled() bool {
+	return (c.Secret != "" && len(c.URLs) > 0) || (c.CloudflareKeyID != "" && c.CloudflareToken != "")
+}
+
+// iceServer is WebRTC's RTCIceServer.
+type iceServer struct {
+	URLs       []string `json:"urls"`
+	Username   string   `json:"username,omitempty"`
+	Credential string   `json:"credential,omitempty"`
+}
+
+// RESTCredentials mints coturn TURN REST API credentials: username
+// "<unix expiry>:<label>", password base64(HMAC-SHA1(secret, username)).
+func RESTCredentials(secret, label string, expiry time.Time) (username, password string) {
+	username = strconv.FormatInt(expiry.Unix(), 10) + ":" + label
+	mac := hmac.New(sha1.New, []byte(secret))
+	mac.Write([]byte(username))
+	return username, base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// ice is GET …/ice.
+func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
+	if !h.take(ctx, h.limits.ice, m.key, now) {
+		return
+	}
+	cfg := h.cfg.ICE
+	ttl := cfg.TTL
+	if ttl <= 0 {
+		ttl = time.Hour
+	}
+	var servers []iceServer
+	haveTURN, failed := false, false
+	if cfg.Secret != "" && len(cfg.URLs) > 0 {
+		var stun, turn []string
+		for _, u := range cfg.URLs {
+			if bytes.HasPrefix([]byte(u), []byte("stun")) {
+				stun = append(stun, u)
+			} else {
+				turn = append(turn, u)
+			}
+		}
+		if len(stun) > 0 {
+			servers = append(servers, iceServer{URLs: stun})
+		}
+		if len(turn) > 0 {
+			var raw [8]byte
+			_, _ = rand.Read(raw[:])
+			user, pass := RESTCredentials(cfg.Secret, hex.EncodeToString(raw[:]), time.Unix(0, now).Add(ttl))
+			servers = append(servers, iceServer{URLs: turn, Username: user, Credential: pass})
+			haveTURN = true
+		}
+	}
+	if cfg.CloudflareKeyID != "" && cfg.CloudflareToken != "" {
+		cf, err := h.cloudflare(ctx, ttl)
+		if err != nil {
+			h.log.Warn("cloudflare TURN unavailable", "err", err)
+			failed = true
+		} else {
+			servers = append(servers, cf...)
+			for _, s := range cf {
+				if s.Username != "" {
+					haveTURN = true
+				}
+			}
+		}
+	}
+	if failed && !haveTURN {
+		errUpstreamUnavail.answer(ctx)
+		return
+	}
+	if servers == nil {
+		servers = []iceServer{}
+	}
+	body, _ := json.Marshal(struct {
+		ICEServers []iceServer `json:"iceServers"`
+		TTL        int64       `json:"ttl"`
+	}{servers, int64(ttl / time.Second)})
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set("Cache-Control", "no-store")
+	ctx.SetBody(body)
+}
+
+// cloudflare calls generate-ice-servers and returns its iceServers.
+func (h *Handler) cloudflare(rctx context.Context, ttl time.Duration) ([]iceServer, error) {
+	cfg := h.cfg.ICE
+	base := cfg.CloudflareURL
+	if base == "" {
+		base = "https://rtc.live.cloudflare.com"
+	}
+	client := cfg.HTTPClient
+	if client == nil {
+		client = &http.Client{Timeout: 5 * time.Second}
+	}
+	ctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+	defer cancel()
+	body := []byte(`{"ttl":` + strconv.FormatInt(int64(ttl/time.Second), 10) + `}`)
+	url := base + "/v1/turn/keys/" + cfg.CloudflareKeyID + "/credentials/generate-ice-servers"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("cloudflare request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+cfg.CloudflareToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cloudflare: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("cloudflare answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
+		return nil, fmt.Errorf("cloudflare answered %d", resp.StatusCode)
+	}
+	var out struct {
+		ICEServers []iceServer `json:"iceServers"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.ICEServers) == 0 {
+		return nil, fmt.Errorf("cloudflare answer is not an iceServers list: %v", err)
+	}
+	return out.ICEServers, nil
+}
