@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -153,7 +154,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
 			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
-			Metrics: mailbox.NewMetrics(reg),
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg),
 		})
 		if err != nil {
 			return nil, err
@@ -342,4 +343,29 @@ func loadBootstrap(dataDir string, keys *channel.Keys, log *slog.Logger) error {
 	}
 	log.Info("bootstrap.secret loaded as the claim key of host default")
 	return nil
+}
+
+// iceConfig points the mailbox ice endpoint at the built-in TURN server
+// (REST credentials under RELAY_TURN_SECRET, advertised at
+// RELAY_TURN_RELAY_IP or the TURN listen address) and at Cloudflare when
+// its key is set.
+func iceConfig(cfg config.Config) mailbox.ICEConfig {
+	ice := mailbox.ICEConfig{
+		CloudflareKeyID: cfg.Cloudflare.KeyID,
+		CloudflareToken: cfg.Cloudflare.APIToken.Reveal(),
+		CloudflareURL:   cfg.Cloudflare.URL,
+	}
+	turnAddr := cfg.Listeners[config.TURN].Addr
+	if secret := cfg.TURN.Secret.Reveal(); secret != "" && turnAddr != "" {
+		host, port, err := net.SplitHostPort(turnAddr)
+		if err == nil {
+			if cfg.TURN.RelayIP.IsValid() {
+				host = cfg.TURN.RelayIP.String()
+			}
+			hp := net.JoinHostPort(host, port)
+			ice.Secret = secret
+			ice.URLs = []string{"stun:" + hp, "turn:" + hp + "?transport=udp", "turn:" + hp + "?transport=tcp"}
+		}
+	}
+	return ice
 }
