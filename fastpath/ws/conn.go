@@ -109,7 +109,10 @@ type Conn struct {
 	closing   bool
 	closeCode int
 	wake      chan struct{}
-	drained   chan struct{} // signalled after each write, for WaitQueued
+	// drained is closed (and forgotten) after each write and when the
+	// socket starts closing, waking every WaitQueued; made by the first
+	// waiter, so that a socket nobody waits on allocates nothing per write.
+	drained   chan struct{}
 	done      chan struct{} // closed when the writer has finished
 	shut      atomic.Bool   // the socket is being torn down
 	pongSeen  atomic.Bool
@@ -119,13 +122,12 @@ type Conn struct {
 func newConn(nc net.Conn, opts Options) *Conn {
 	opts.setDefaults()
 	c := &Conn{
-		nc:      nc,
-		br:      bufio.NewReaderSize(nc, opts.ReadBufferSize),
-		opts:    opts,
-		remote:  nc.RemoteAddr(),
-		wake:    make(chan struct{}, 1),
-		drained: make(chan struct{}, 1),
-		done:    make(chan struct{}),
+		nc:     nc,
+		br:     bufio.NewReaderSize(nc, opts.ReadBufferSize),
+		opts:   opts,
+		remote: nc.RemoteAddr(),
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
 	}
 	c.pongSeen.Store(true)
 	go c.writeLoop()
@@ -173,7 +175,7 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 		}
 		start := len(c.msg)
 		c.msg = grow(c.msg, int(n))
-		if _, err := io.ReadFull(c.br, c.msg[start:]); err != nil {
+		if err := c.readFull(c.msg[start:]); err != nil {
 			return 0, nil, fmt.Errorf("ws: read payload: %w", err)
 		}
 		maskBytes(c.hdr[:4], c.msg[start:])
@@ -198,11 +200,7 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 		}
 	}
 	h := c.hdr[4:6]
-	if _, err := io.ReadFull(c.br, h); err != nil {
-		var ne net.Error
-		if c.opts.SilenceTimeout > 0 && errors.As(err, &ne) && ne.Timeout() && !c.shut.Load() {
-			c.Close(CloseGoingAway, "silent too long")
-		}
+	if err := c.readFull(h); err != nil {
 		return false, 0, 0, fmt.Errorf("ws: read header: %w", err)
 	}
 	fin, op = h[0]&0x80 != 0, int(h[0]&0x0f)
@@ -215,12 +213,12 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 	n = uint64(h[1] & 0x7f)
 	switch n {
 	case 126:
-		if _, err := io.ReadFull(c.br, c.hdr[6:8]); err != nil {
+		if err := c.readFull(c.hdr[6:8]); err != nil {
 			return false, 0, 0, fmt.Errorf("ws: read length: %w", err)
 		}
 		n = uint64(binary.BigEndian.Uint16(c.hdr[6:8]))
 	case 127:
-		if _, err := io.ReadFull(c.br, c.hdr[6:14]); err != nil {
+		if err := c.readFull(c.hdr[6:14]); err != nil {
 			return false, 0, 0, fmt.Errorf("ws: read length: %w", err)
 		}
 		n = binary.BigEndian.Uint64(c.hdr[6:14])
@@ -229,10 +227,25 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 			return false, 0, 0, c.fail(CloseProtocolError, "length has its high bit set")
 		}
 	}
-	if _, err := io.ReadFull(c.br, c.hdr[:4]); err != nil {
+	if err := c.readFull(c.hdr[:4]); err != nil {
 		return false, 0, 0, fmt.Errorf("ws: read mask: %w", err)
 	}
 	return fin, op, n, nil
+}
+
+// readFull fills p from the socket. The silence deadline set in readHeader
+// covers the whole frame: a peer that goes quiet in the middle of one is
+// as silent as one that sends nothing, and is closed with 1001 too (not
+// with the 1000 that finish would choose once the reader returns).
+func (c *Conn) readFull(p []byte) error {
+	_, err := io.ReadFull(c.br, p)
+	if err != nil && c.opts.SilenceTimeout > 0 {
+		var ne net.Error // declared here: it escapes, and must cost nothing per frame
+		if errors.As(err, &ne) && ne.Timeout() && !c.shut.Load() {
+			c.Close(CloseGoingAway, "silent too long")
+		}
+	}
+	return err
 }
 
 // readControl handles a ping, pong or close frame of length n.
@@ -241,7 +254,7 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 		return c.fail(CloseProtocolError, "bad control frame")
 	}
 	p := c.ctl[:n]
-	if _, err := io.ReadFull(c.br, p); err != nil {
+	if err := c.readFull(p); err != nil {
 		return fmt.Errorf("ws: read control: %w", err)
 	}
 	maskBytes(c.hdr[:4], p)
@@ -304,11 +317,20 @@ func (c *Conn) WriteBinary(payload []byte) error { return c.queueFrame(OpBinary,
 
 // WaitQueued blocks until fewer than below bytes wait to be written, so
 // that a producer with a large backlog to send (a watch replay) can pace
-// itself instead of overflowing the queue. ErrClosed when the socket ends.
+// itself instead of overflowing the queue. ErrClosed once the socket is
+// closing or closed (without waiting for a stuck write to end); ctx's
+// error when ctx ends first. Any number of goroutines may wait.
 func (c *Conn) WaitQueued(ctx context.Context, below int) error {
 	for {
 		c.mu.Lock()
 		queued, closing := len(c.pending)+c.inFlight, c.closing
+		var drained chan struct{}
+		if !closing && queued >= below {
+			if c.drained == nil {
+				c.drained = make(chan struct{})
+			}
+			drained = c.drained
+		}
 		c.mu.Unlock()
 		if closing {
 			return ErrClosed
@@ -317,12 +339,20 @@ func (c *Conn) WaitQueued(ctx context.Context, below int) error {
 			return nil
 		}
 		select {
-		case <-c.drained:
+		case <-drained:
 		case <-c.done:
 			return ErrClosed
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// wakeWaitersLocked wakes every WaitQueued; c.mu is held.
+func (c *Conn) wakeWaitersLocked() {
+	if c.drained != nil {
+		close(c.drained)
+		c.drained = nil
 	}
 }
 
@@ -386,6 +416,7 @@ func (c *Conn) close(code int, reason string, dropBacklog bool) {
 			}
 		}
 		c.pending = appendFrame(c.pending, OpClose, body[:2+m])
+		c.wakeWaitersLocked()
 		c.mu.Unlock()
 		// Bound everything that follows: a peer that stopped reading
 		// cannot hold the writer (and so the socket) past the deadline.
@@ -401,6 +432,7 @@ func (c *Conn) Abort() {
 		c.mu.Lock()
 		c.closing, c.closeCode = true, 0
 		c.pending = c.pending[:0]
+		c.wakeWaitersLocked()
 		c.mu.Unlock()
 		c.shutdownSocket()
 		c.signal()
@@ -471,10 +503,7 @@ func (c *Conn) writeLoop() {
 			_, err := c.nc.Write(writing)
 			c.mu.Lock()
 			c.inFlight = 0
-			select {
-			case c.drained <- struct{}{}:
-			default:
-			}
+			c.wakeWaitersLocked()
 			// Without pings, big buffers go back as soon as the queue
 			// is empty (with pings, at the next tick, so that bursts
 			// do not regrow them each time). Never while more is
