@@ -78,6 +78,12 @@ func TestSignalRendezvous(t *testing.T) {
 	if err := p.WriteMessage(websocket.BinaryMessage, []byte("lost")); err != nil {
 		t.Fatal(err)
 	}
+	// The relay reads a socket's frames in order: once ping is answered,
+	// the lost frame has been handled.
+	if err := p.WriteMessage(websocket.TextMessage, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, p, "pong")
 	c := r.signal("chat", "companion")
 	wantText(t, p, "peer 1")
 	wantText(t, c, "peer 1")
