@@ -320,3 +320,29 @@ func (l *EnvelopeLog) DropIdle(at int64, name string) error {
 	}
 	return l.db.Commit(b)
 }
+
+// PushRegistration reads the sealed push registration of a direction;
+// ErrNotFound when there is none.
+func (l *EnvelopeLog) PushRegistration(name string, dir byte) ([]byte, error) {
+	return l.db.Get(markKey(kindPush, name, dir))
+}
+
+// SetPushRegistration stores a sealed registration durably.
+func (l *EnvelopeLog) SetPushRegistration(name string, dir byte, sealed []byte) error {
+	b := l.db.NewBatch()
+	if err := b.Set(markKey(kindPush, name, dir), sealed); err != nil {
+		b.Discard()
+		return err
+	}
+	return l.db.Commit(b)
+}
+
+// DeletePushRegistration removes a direction's registration durably.
+func (l *EnvelopeLog) DeletePushRegistration(name string, dir byte) error {
+	b := l.db.NewBatch()
+	if err := b.Delete(markKey(kindPush, name, dir)); err != nil {
+		b.Discard()
+		return err
+	}
+	return l.db.Commit(b)
+}

@@ -174,3 +174,11 @@ func (l pebbleLogger) Fatalf(format string, args ...any) {
 	l.log.Error(fmt.Sprintf(format, args...))
 	os.Exit(1)
 }
+
+// Flush writes the memtable to disk, for tests that inspect the raw files.
+func (db *DB) Flush() error {
+	if err := db.pdb.Flush(); err != nil {
+		return fmt.Errorf("store: flush: %w", err)
+	}
+	return nil
+}

@@ -30,6 +30,8 @@ import (
 	"edgerelay/fastpath/netlimit"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/tlsconf"
+	"edgerelay/push/apns"
+	"edgerelay/push/fcm"
 	"edgerelay/store"
 )
 
@@ -145,6 +147,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		services = append(services, svc)
 		lines[config.Channel] = "add a computer: edgerelay keys channel add --host NAME (prints its claim key)"
 	}
+	pushers := loadPushers(cfg, log)
 	if l := cfg.Listeners[config.Mailbox]; l.On() {
 		apps, err := mailbox.ParseApps(cfg.Mailbox.Apps)
 		if err != nil {
@@ -154,7 +157,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
 			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
-			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg),
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers,
 		})
 		if err != nil {
 			return nil, err
@@ -368,4 +371,31 @@ func iceConfig(cfg config.Config) mailbox.ICEConfig {
 		}
 	}
 	return ice
+}
+
+// loadPushers loads each push module whose credentials are configured. A
+// module that is not configured, or whose credentials do not load, is not
+// loaded: its registrations are kept and nothing is sent (logged, so the
+// operator sees why).
+func loadPushers(cfg config.Config, log *slog.Logger) mailbox.Pushers {
+	var p mailbox.Pushers
+	if a := cfg.APNs; a.KeyFile != "" || a.KeyID != "" || a.TeamID != "" {
+		c, err := apns.New(apns.Config{KeyFile: a.KeyFile, KeyID: a.KeyID, TeamID: a.TeamID, Environment: a.Environment, BaseURL: a.URL})
+		if err != nil {
+			log.Error("APNs module not loaded", "err", err)
+		} else {
+			p.APNs = c
+			log.Info("APNs module loaded", "environment", a.Environment)
+		}
+	}
+	if f := cfg.FCM; f.Credentials != "" {
+		c, err := fcm.New(fcm.Config{CredentialsFile: f.Credentials, BaseURL: f.URL})
+		if err != nil {
+			log.Error("FCM module not loaded", "err", err)
+		} else {
+			p.FCM = c
+			log.Info("FCM module loaded", "project", c.ProjectID())
+		}
+	}
+	return p
 }

@@ -20,7 +20,7 @@ var (
 )
 
 // put is PUT …/<dir>/<seq>: store one envelope durably.
-func (h *Handler) put(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64) {
+func (h *Handler) put(ctx *fasthttp.RequestCtx, m *mailbox, r route, tok []byte, now int64) {
 	env := ctx.Request.Body()
 	// The outside checks come first: a refused envelope spends nothing.
 	switch {
@@ -47,6 +47,9 @@ func (h *Handler) put(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64) 
 		}
 		if status != 0 {
 			ctx.SetStatusCode(status)
+		}
+		if status == fasthttp.StatusCreated { // a retry (200) pushes nothing twice
+			h.schedulePush(m, r, tok, notify, now)
 		}
 		return
 	}

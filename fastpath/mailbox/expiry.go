@@ -7,10 +7,14 @@ import (
 	"edgerelay/fastpath/ws"
 )
 
+// pushSenders is how many pushes may be in flight at once.
+const pushSenders = 8
+
 // cacheIdle is how long an unused mailbox stays in memory.
 const cacheIdle = 10 * time.Minute
 
-// Run does the background work until ctx ends: it erases mailboxes idle
+// Run does the background work until ctx ends: it sends push wake-ups,
+// erases mailboxes idle
 // longer than RELAY_IDLE (they already answer 404 the moment they expire;
 // this reclaims their space), evicts idle rate-limit buckets, and drops
 // unused mailboxes from memory.
@@ -22,6 +26,7 @@ func (h *Handler) Run(ctx context.Context) {
 	if every < 10*time.Millisecond {
 		every = 10 * time.Millisecond
 	}
+	go h.SendPushes(ctx)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

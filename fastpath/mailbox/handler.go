@@ -36,6 +36,8 @@ type Config struct {
 	Metrics   *Metrics
 	// ICE configures the ice endpoint of apps that enable it.
 	ICE ICEConfig
+	// Push holds the loaded push modules.
+	Push Pushers
 	// Now is the clock (time.Now by default); tests move it to refill
 	// buckets and expire mailboxes.
 	Now func() time.Time
@@ -50,6 +52,8 @@ type Handler struct {
 	cache  *cache
 	limits *limits
 	group  ws.Group
+	// pushJobs queues wake-ups for the push senders (bounded).
+	pushJobs chan pushJob
 }
 
 // Limits of the spec.
@@ -105,7 +109,8 @@ func New(cfg Config) (*Handler, error) {
 		}
 		apps[name] = &a
 	}
-	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), limits: lim}, nil
+	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), limits: lim,
+		pushJobs: make(chan pushJob, pushQueue)}, nil
 }
 
 // ServeHTTP routes one request.
@@ -120,8 +125,8 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	// An extension the app has not enabled answers exactly like an
-	// unknown path. Push arrives with its provider modules.
-	if r.kind == routePush || (r.kind == routeSignal && !r.app.Signal) || (r.kind == routeICE && !r.app.ICE) {
+	// unknown path.
+	if (r.kind == routePush && r.app.PushTopic == "") || (r.kind == routeSignal && !r.app.Signal) || (r.kind == routeICE && !r.app.ICE) {
 		errNotFound.answer(ctx)
 		return
 	}
@@ -150,7 +155,7 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 			h.erase(ctx, m)
 		}
 	case r.kind == routeEnvelope && method == fasthttp.MethodPut:
-		h.put(ctx, m, r, now)
+		h.put(ctx, m, r, tok, now)
 	case r.kind == routeEnvelope && (method == fasthttp.MethodGet || method == fasthttp.MethodHead):
 		if h.take(ctx, h.limits.fetches, m.key, now) {
 			h.getOne(ctx, m, r, method == fasthttp.MethodHead)
@@ -173,6 +178,8 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		h.signal(ctx, m, r, now)
 	case r.kind == routeICE && method == fasthttp.MethodGet:
 		h.ice(ctx, m, now)
+	case r.kind == routePush:
+		h.register(ctx, m, r, tok, now)
 	default:
 		errNotFound.answer(ctx)
 	}

@@ -45,6 +45,7 @@ type opts struct {
 	dataDir                          string
 	ping, silence                    time.Duration
 	ice                              *mailbox.ICEConfig
+	push                             mailbox.Pushers
 }
 
 func start(t *testing.T, o opts) *relay {
@@ -72,7 +73,7 @@ func start(t *testing.T, o opts) *relay {
 	h, err := mailbox.New(mailbox.Config{
 		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle,
 		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
-		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice,
+		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +85,10 @@ func start(t *testing.T, o opts) *relay {
 	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 1 << 20}
 	go func() { _ = srv.Serve(ln) }()
 	r := &relay{t: t, base: "http://" + ln.Addr().String(), ws: "ws://" + ln.Addr().String(), h: h, db: db, clock: c, srv: srv}
+	pushCtx, stopPushes := context.WithCancel(context.Background())
+	go h.SendPushes(pushCtx)
 	t.Cleanup(func() {
+		stopPushes()
 		_ = srv.Shutdown()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -12,6 +12,7 @@ type Metrics struct {
 	watchers         prometheus.Gauge
 	signalSockets    prometheus.Gauge
 	signalFrames     prometheus.Counter
+	pushes           *prometheus.CounterVec
 }
 
 // NewMetrics creates the series and registers them with reg (nil: unregistered).
@@ -24,9 +25,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		watchers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_watch_sockets", Help: "Open watch sockets."}),
 		signalSockets:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_signal_sockets", Help: "Open signal sockets."}),
 		signalFrames:     prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_signal_frames_total", Help: "Signal frames forwarded."}),
+		pushes:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgerelay_mailbox_pushes_total", Help: "Push wake-ups by outcome."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames)
+		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes)
 	}
 	return m
 }
