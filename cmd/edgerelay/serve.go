@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/store"
+	"edgerelay/turn"
 )
 
 // adminTokenFile is where serve leaves the admin token for the command
@@ -105,6 +107,7 @@ type relay struct {
 	failed    chan error
 	// stopBackground ends the services' background loops.
 	stopBackground []context.CancelFunc
+	turn           *turn.Server
 }
 
 func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
@@ -179,7 +182,12 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			lines[config.Mailbox] = "apps " + strings.Join(names, ", ") + " under /v1/<app>/mailbox/<id>"
 		}
 	}
-	for _, s := range []config.Service{config.PushFCM, config.PushAPNs, config.Agent, config.TURN} {
+	if l := cfg.Listeners[config.TURN]; l.On() {
+		if err := r.startTURN(cfg, l, reg, lines); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range []config.Service{config.PushFCM, config.PushAPNs, config.Agent} {
 		if cfg.Listeners[s].On() {
 			lines[s] = "not in this build yet; listener not opened"
 		}
@@ -282,6 +290,12 @@ func (r *relay) shutdown(bound time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	var errs []error
+	if r.turn != nil {
+		if err := r.turn.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("turn: %w", err))
+		}
+		r.turn = nil
+	}
 	done := make(chan error, len(r.listeners))
 	for _, ln := range r.listeners {
 		go func() { done <- ln.Shutdown(ctx) }()
@@ -303,6 +317,11 @@ func (r *relay) closeAll() error {
 		stop()
 	}
 	var errs []error
+	if r.turn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		errs = append(errs, r.turn.Shutdown(ctx))
+		cancel()
+	}
 	for _, ln := range r.listeners {
 		errs = append(errs, ln.Shutdown(context.Background()))
 	}
@@ -398,4 +417,47 @@ func loadPushers(cfg config.Config, log *slog.Logger) mailbox.Pushers {
 		}
 	}
 	return p
+}
+
+// startTURN runs the built-in STUN/TURN server. Without RELAY_TURN_SECRET
+// it cannot authenticate anyone, so it stays off and says so.
+func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.Registerer, lines map[config.Service]string) error {
+	secret := cfg.TURN.Secret.Reveal()
+	if secret == "" {
+		lines[config.TURN] = "off: set RELAY_TURN_SECRET (the coturn REST shared secret) to run STUN/TURN on " + l.Addr
+		return nil
+	}
+	tc := turn.Config{
+		Listen: l.Addr, Secret: secret, Realm: cfg.TURN.Realm, RelayIP: cfg.TURN.RelayIP,
+		AllowPeers: cfg.TURN.AllowPeers, Log: r.log.With("service", "turn"), Metrics: reg,
+	}
+	if l.TLS() {
+		rl, err := tlsconf.NewReloader(l.CertFile, l.KeyFile)
+		if err != nil {
+			return fmt.Errorf("turn TLS: %w", err)
+		}
+		r.reloaders = append(r.reloaders, rl)
+		tc.TLS = tlsconf.ServerConfig(rl, false)
+		host, port, err := net.SplitHostPort(l.Addr)
+		if err != nil {
+			return fmt.Errorf("turn listen address: %w", err)
+		}
+		p, _ := strconv.Atoi(port)
+		if p != 0 {
+			p = 5349 + (p - 3478) // the turns: port beside the plain one
+		}
+		tc.TLSListen = net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	srv, err := turn.Start(tc)
+	if err != nil {
+		return err
+	}
+	r.turn = srv
+	line := fmt.Sprintf("listening on udp+tcp %s, realm %q; REST credentials from RELAY_TURN_SECRET", srv.Addr(), cfg.TURN.Realm)
+	if a := srv.TLSAddr(); a != nil {
+		line += fmt.Sprintf(", turns: on %s", a)
+	}
+	lines[config.TURN] = line
+	r.log.Info("listening", "service", "turn", "addr", srv.Addr().String())
+	return nil
 }

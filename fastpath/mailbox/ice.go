@@ -3,10 +3,7 @@ package mailbox
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha1"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -16,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"edgerelay/turn"
 )
 
 // ICEConfig is where the ice endpoint gets TURN credentials from: the
@@ -48,15 +47,6 @@ type iceServer struct {
 	Credential string   `json:"credential,omitempty"`
 }
 
-// RESTCredentials mints coturn TURN REST API credentials: username
-// "<unix expiry>:<label>", password base64(HMAC-SHA1(secret, username)).
-func RESTCredentials(secret, label string, expiry time.Time) (username, password string) {
-	username = strconv.FormatInt(expiry.Unix(), 10) + ":" + label
-	mac := hmac.New(sha1.New, []byte(secret))
-	mac.Write([]byte(username))
-	return username, base64.StdEncoding.EncodeToString(mac.Sum(nil))
-}
-
 // ice is GET …/ice.
 func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
 	if !h.take(ctx, h.limits.ice, m.key, now) {
@@ -70,22 +60,22 @@ func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
 	var servers []iceServer
 	haveTURN, failed := false, false
 	if cfg.Secret != "" && len(cfg.URLs) > 0 {
-		var stun, turn []string
+		var stun, turnURLs []string
 		for _, u := range cfg.URLs {
 			if bytes.HasPrefix([]byte(u), []byte("stun")) {
 				stun = append(stun, u)
 			} else {
-				turn = append(turn, u)
+				turnURLs = append(turnURLs, u)
 			}
 		}
 		if len(stun) > 0 {
 			servers = append(servers, iceServer{URLs: stun})
 		}
-		if len(turn) > 0 {
+		if len(turnURLs) > 0 {
 			var raw [8]byte
 			_, _ = rand.Read(raw[:])
-			user, pass := RESTCredentials(cfg.Secret, hex.EncodeToString(raw[:]), time.Unix(0, now).Add(ttl))
-			servers = append(servers, iceServer{URLs: turn, Username: user, Credential: pass})
+			user, pass := turn.Credentials(cfg.Secret, hex.EncodeToString(raw[:]), ttl, time.Unix(0, now))
+			servers = append(servers, iceServer{URLs: turnURLs, Username: user, Credential: pass})
 			haveTURN = true
 		}
 	}

@@ -1,0 +1,49 @@
+// Command turncompare runs the TURN comparison (package bench/turnbench)
+// on its own and prints its Markdown report: edgerelay's TURN server
+// beside coturn's turnserver, pinned to separate cores from the load
+// generator. coturn must be installed (.ci/install-coturn.sh).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"edgerelay/bench/turnbench"
+)
+
+func main() {
+	var o turnbench.Options
+	payloads := flag.String("payloads", "120,1200", "comma-separated ChannelData payload sizes")
+	flag.IntVar(&o.Rounds, "rounds", 7, "rounds per payload, the first a warm-up")
+	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "counted time per run")
+	flag.IntVar(&o.Allocations, "allocations", 8, "concurrent allocations")
+	flag.IntVar(&o.Window, "window", 16, "datagrams in flight per allocation")
+	flag.IntVar(&o.ServerCPU, "server-cpu", 0, "core for the servers")
+	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
+	flag.IntVar(&o.ProfileSeconds, "profile", 5, "seconds of CPU profile of our server (0: none)")
+	flag.Parse()
+	for _, p := range strings.Split(*payloads, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "turncompare: -payloads:", err)
+			os.Exit(2)
+		}
+		o.Payloads = append(o.Payloads, n)
+	}
+	o.Progress = os.Stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := turnbench.Compare(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "turncompare:", err)
+		os.Exit(1)
+	}
+	fmt.Print(rep.Markdown())
+}

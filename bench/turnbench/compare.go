@@ -1,0 +1,375 @@
+// Package turnbench compares edgerelay's TURN server with coturn's
+// turnserver: relayed packets per second per server core, at 120-byte and
+// 1,200-byte payloads, both driven by the same Go load generator
+// (RunLoad: pion's client allocates, then raw ChannelData to a UDP echo
+// peer and back) in the same run.
+//
+// Each server is a process of its own pinned to one core (taskset), the
+// load generator (this process, every thread) to another, so the figure
+// is one server core's worth of relaying. Rounds alternate the two in ABBA
+// order (bench/abtest) and the first round is a warm-up; figures are
+// medians over the counted rounds.
+//
+// The headline figure is packets per server CPU-second: the datagrams the
+// server relayed (both directions) divided by the CPU time its process
+// used over the counted window, from /proc. When the server's core is
+// saturated that equals throughput; when the load generator is the
+// bottleneck it still compares the servers' cost per packet fairly.
+package turnbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"edgerelay/bench/abtest"
+)
+
+// Options shapes a comparison. Zero fields take the defaults noted.
+type Options struct {
+	// Rounds is the rounds per payload, the first one a warm-up. Default
+	// 7 (6 counted).
+	Rounds int
+	// Payloads are the ChannelData payload sizes. Default 120 and 1200.
+	Payloads []int
+	// Duration is the counted time of one run. Default 2 s.
+	Duration time.Duration
+	// Allocations and Window shape the load (see LoadOptions). Defaults 8
+	// and 16.
+	Allocations, Window int
+	// ServerCPU and LoadCPU are the cores the servers and the load
+	// generator are pinned to. Defaults 0 and 1; pinning is skipped (and
+	// the report says so) on a machine with one core or without taskset.
+	ServerCPU, LoadCPU int
+	// Turnserve is our server's binary (bench/turnbench/cmd/turnserve);
+	// built into a temporary directory when empty.
+	Turnserve string
+	// Turnserver is coturn's binary. Default "turnserver" on PATH.
+	Turnserver string
+	// ProfileSeconds, when positive, adds one uncounted run of ours at the
+	// first payload with a CPU profile of that length, summarised in
+	// Report.Profile. Default 0 (none).
+	ProfileSeconds int
+	// Progress, when not nil, gets one line per run.
+	Progress io.Writer
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Rounds == 0 {
+		o.Rounds = 7
+	}
+	if len(o.Payloads) == 0 {
+		o.Payloads = []int{120, 1200}
+	}
+	if o.Duration == 0 {
+		o.Duration = 2 * time.Second
+	}
+	if o.Allocations == 0 {
+		o.Allocations = 8
+	}
+	if o.Window == 0 {
+		o.Window = 16
+	}
+	if o.ServerCPU == 0 && o.LoadCPU == 0 {
+		o.LoadCPU = 1
+	}
+	if o.Turnserver == "" {
+		o.Turnserver = "turnserver"
+	}
+	if o.Rounds < 2 {
+		return o, fmt.Errorf("turnbench: Rounds %d: need at least 2 (the first is a warm-up)", o.Rounds)
+	}
+	return o, nil
+}
+
+// Run is one counted run of one server.
+type Run struct {
+	Relayed uint64        // datagrams relayed, both directions
+	Lost    uint64        // datagrams presumed lost and sent again
+	Elapsed time.Duration // counted wall time
+	CPU     time.Duration // the server process's CPU time over it
+	// Mallocs is ours only: heap allocations in the server process over
+	// the counted window, and ServerRelayed the packets it counted.
+	Mallocs, ServerRelayed uint64
+}
+
+// PerSec is relayed datagrams per wall second.
+func (r Run) PerSec() float64 { return float64(r.Relayed) / r.Elapsed.Seconds() }
+
+// PerCoreSec is relayed datagrams per server CPU-second.
+func (r Run) PerCoreSec() float64 {
+	if r.CPU <= 0 {
+		return 0
+	}
+	return float64(r.Relayed) / r.CPU.Seconds()
+}
+
+// Side is one server at one payload over the counted rounds.
+type Side struct {
+	Name string
+	Runs []Run
+	// Medians over the runs: packets per server CPU-second, per wall
+	// second, and the server core's utilisation (CPU time / wall time).
+	PerCoreSec, PerSec, CoreUse float64
+	// LossRate is lost / relayed over all runs.
+	LossRate float64
+	// AllocsPerPacket is ours only (else -1): server mallocs per packet
+	// the server relayed, over all runs.
+	AllocsPerPacket float64
+}
+
+// PayloadResult is both servers at one payload size.
+type PayloadResult struct {
+	Payload      int
+	Ours, Coturn Side
+	// Ratio is Ours.PerCoreSec / Coturn.PerCoreSec: above 1, ours relays
+	// more per core. RoundRatio is the median of the per-round ratios
+	// (robust to drift between rounds); ThroughputRatio compares PerSec.
+	Ratio, RoundRatio, ThroughputRatio float64
+}
+
+// Report is the outcome of Compare.
+type Report struct {
+	Options  Options
+	Results  []PayloadResult
+	Pinned   bool   // servers and load generator ran on separate cores
+	Machine  string // GOOS/GOARCH, cores
+	Go       string
+	Coturn   string // turnserver's version line
+	Profile  string // top of our server's CPU profile, if asked for
+	Elapsed  time.Duration
+	Warnings []string
+}
+
+// Compare starts both servers, runs the load generator against each,
+// alternating, for every payload, and reports. ctx bounds the whole
+// comparison.
+func Compare(ctx context.Context, o Options) (rep Report, err error) {
+	start := time.Now()
+	if o, err = o.withDefaults(); err != nil {
+		return Report{}, err
+	}
+	rep = Report{Options: o, Go: runtime.Version(),
+		Machine: fmt.Sprintf("%s/%s, %d cores", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	coturnBin, err := exec.LookPath(o.Turnserver)
+	if err != nil {
+		return rep, fmt.Errorf("turnbench: coturn's turnserver not found (%w): run .ci/install-coturn.sh", err)
+	}
+	rep.Coturn = coturnVersion(ctx, coturnBin)
+	dir, err := os.MkdirTemp("", "turnbench")
+	if err != nil {
+		return rep, err
+	}
+	defer os.RemoveAll(dir)
+	if o.Turnserve == "" {
+		o.Turnserve = filepath.Join(dir, "turnserve")
+		build := exec.CommandContext(ctx, "go", "build", "-o", o.Turnserve, "edgerelay/bench/turnbench/cmd/turnserve")
+		if out, err := build.CombinedOutput(); err != nil {
+			return rep, fmt.Errorf("turnbench: building turnserve: %w\n%s", err, out)
+		}
+	}
+
+	serverCPU, loadCPU := o.ServerCPU, o.LoadCPU
+	_, tasksetErr := exec.LookPath("taskset")
+	rep.Pinned = runtime.NumCPU() >= 2 && tasksetErr == nil
+	if !rep.Pinned {
+		serverCPU, loadCPU = -1, -1
+		rep.Warnings = append(rep.Warnings, "not pinned: needs taskset and 2 cores; servers and load generator share the machine")
+	} else {
+		restore, err := pinSelf(ctx, loadCPU)
+		if err != nil {
+			return rep, err
+		}
+		defer restore()
+		// One core for the generator: as many Ps as cores it may use.
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	}
+
+	const secret, realm = "turnbench-secret", "turnbench"
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { err = errors.Join(err, ours.stop()) }()
+	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { err = errors.Join(err, coturn.stop()) }()
+	servers := [2]*server{ours, coturn}
+
+	for _, payload := range o.Payloads {
+		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (Run, error) {
+			r, err := measure(ctx, servers[side], secret, payload, o)
+			if err != nil {
+				return r, fmt.Errorf("turnbench: %d B, round %d, %s: %w", payload, round, servers[side].name, err)
+			}
+			if o.Progress != nil {
+				note := ""
+				if round == 0 {
+					note = " (warm-up)"
+				}
+				fmt.Fprintf(o.Progress, "%5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d%s\n",
+					payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
+					100*r.CPU.Seconds()/r.Elapsed.Seconds(), r.Lost, note)
+			}
+			return r, nil
+		})
+		if err != nil {
+			return rep, err
+		}
+		pr := PayloadResult{Payload: payload, Ours: summarize("ours", runs[0], true), Coturn: summarize("coturn", runs[1], false)}
+		pr.Ratio = pr.Ours.PerCoreSec / pr.Coturn.PerCoreSec
+		pr.ThroughputRatio = pr.Ours.PerSec / pr.Coturn.PerSec
+		pr.RoundRatio = abtest.RoundRatio(perCore(runs[0]), perCore(runs[1]))
+		rep.Results = append(rep.Results, pr)
+	}
+
+	if o.ProfileSeconds > 0 {
+		rep.Profile, err = profileOurs(ctx, ours, secret, dir, o)
+		if err != nil {
+			rep.Warnings = append(rep.Warnings, "profile: "+err.Error())
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// measure runs the load once against s, taking the server's CPU time
+// (and, for ours, its malloc and relayed counts) over the counted window.
+func measure(ctx context.Context, s *server, secret string, payload int, o Options) (Run, error) {
+	var (
+		r   Run
+		st0 Stats
+	)
+	counting := func(start bool) error {
+		cpu, err := s.cpuTime()
+		if err != nil {
+			return err
+		}
+		if start {
+			r.CPU = -cpu
+		} else {
+			r.CPU += cpu
+		}
+		if s.debug == "" {
+			return nil
+		}
+		st, err := s.stats(ctx)
+		if err != nil {
+			return err
+		}
+		if start {
+			st0 = st
+		} else {
+			r.Mallocs = st.Mallocs - st0.Mallocs
+			r.ServerRelayed = st.RelayedPackets - st0.RelayedPackets
+		}
+		return nil
+	}
+	res, err := RunLoad(ctx, LoadOptions{
+		Server: s.addr, Secret: secret, Payload: payload,
+		Allocations: o.Allocations, Window: o.Window, Duration: o.Duration,
+		OnCounting: counting,
+	})
+	if err != nil {
+		return r, err
+	}
+	r.Relayed, r.Lost, r.Elapsed = res.Relayed, res.Lost, res.Elapsed
+	// Let the allocations' refreshes to zero and the sockets' closing
+	// settle before the other server's run.
+	time.Sleep(100 * time.Millisecond)
+	return r, nil
+}
+
+func summarize(name string, runs []Run, ours bool) Side {
+	s := Side{Name: name, Runs: runs, AllocsPerPacket: -1}
+	var relayed, lost, mallocs, serverRelayed uint64
+	var perSec, use []float64
+	for _, r := range runs {
+		perSec = append(perSec, r.PerSec())
+		use = append(use, r.CPU.Seconds()/r.Elapsed.Seconds())
+		relayed += r.Relayed
+		lost += r.Lost
+		mallocs += r.Mallocs
+		serverRelayed += r.ServerRelayed
+	}
+	s.PerCoreSec = abtest.Median(perCore(runs))
+	s.PerSec = abtest.Median(perSec)
+	s.CoreUse = abtest.Median(use)
+	if relayed > 0 {
+		s.LossRate = float64(lost) / float64(relayed)
+	}
+	if ours && serverRelayed > 0 {
+		s.AllocsPerPacket = float64(mallocs) / float64(serverRelayed)
+	}
+	return s
+}
+
+func perCore(runs []Run) []float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = r.PerCoreSec()
+	}
+	return v
+}
+
+// profileOurs runs the load against ours once more, uncounted, while
+// taking a CPU profile, and returns the top of `go tool pprof -top`.
+func profileOurs(ctx context.Context, ours *server, secret, dir string, o Options) (string, error) {
+	file := filepath.Join(dir, "turnserve.pprof")
+	errc := make(chan error, 1)
+	_, err := RunLoad(ctx, LoadOptions{
+		Server: ours.addr, Secret: secret, Payload: o.Payloads[0],
+		Allocations: o.Allocations, Window: o.Window,
+		Duration: time.Duration(o.ProfileSeconds)*time.Second + 500*time.Millisecond,
+		OnCounting: func(start bool) error {
+			if start {
+				go func() { errc <- ours.profile(ctx, o.ProfileSeconds, file) }()
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := <-errc; err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", o.Turnserve, file).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %w\n%s", err, out)
+	}
+	return string(out), nil
+}
+
+// pinSelf moves every thread of this process to cpu (threads made later
+// inherit it) and returns a function that restores the previous set.
+func pinSelf(ctx context.Context, cpu int) (func(), error) {
+	pid := strconv.Itoa(os.Getpid())
+	out, err := exec.CommandContext(ctx, "taskset", "-pc", pid).Output()
+	if err != nil {
+		return nil, fmt.Errorf("turnbench: taskset: %w", err)
+	}
+	// "pid 123's current affinity list: 0,1"
+	_, prev, _ := strings.Cut(strings.TrimSpace(string(out)), ": ")
+	if out, err := exec.CommandContext(ctx, "taskset", "-a", "-pc", strconv.Itoa(cpu), pid).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("turnbench: pinning the load generator: %w: %s", err, out)
+	}
+	return func() {
+		_ = exec.Command("taskset", "-a", "-pc", prev, pid).Run()
+	}, nil
+}
+
+func coturnVersion(ctx context.Context, bin string) string {
+	out, _ := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
+	return strings.TrimSpace(string(out))
+}

@@ -1,0 +1,50 @@
+package turn
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v3"
+)
+
+// FuzzScreen feeds arbitrary datagrams to the gate, which parses STUN from
+// any client before authentication: it must never panic, and it must
+// never answer a message that is not an authenticated request of the four
+// methods it screens.
+func FuzzScreen(f *testing.F) {
+	user, pass := Credentials(testSecret, "fuzz", 1<<40, time.Unix(0, 0))
+	seed := func(method stun.Method, extra ...stun.Setter) []byte {
+		setters := append([]stun.Setter{stun.TransactionID, stun.NewType(method, stun.ClassRequest)}, extra...)
+		setters = append(setters, stun.NewUsername(user), stun.NewRealm(testRealm), stun.NewNonce("n"),
+			stun.NewLongTermIntegrity(user, testRealm, pass), stun.Fingerprint)
+		return stun.MustBuild(setters...).Raw
+	}
+	f.Add(seed(stun.MethodAllocate))
+	f.Add(seed(stun.MethodCreatePermission, &stun.XORMappedAddress{IP: []byte{10, 0, 0, 1}, Port: 9}))
+	f.Add(seed(stun.MethodChannelBind))
+	f.Add(stun.MustBuild(stun.TransactionID, stun.BindingRequest).Raw)
+	f.Add([]byte{0x40, 0x00, 0x00, 0x04, 1, 2, 3, 4})
+	f.Add([]byte{})
+
+	s, err := Start(Config{Listen: "127.0.0.1:0", Secret: testSecret, Realm: testRealm})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = s.Shutdown(canceled()) })
+	t := tuple{client: netip.MustParseAddrPort("192.0.2.1:5000")}
+	f.Fuzz(func(t2 *testing.T, raw []byte) {
+		answered := s.screen(t, raw, func([]byte) {})
+		if !answered || len(raw) < 20 {
+			if answered {
+				t2.Fatalf("answered a %d-byte message", len(raw))
+			}
+			return
+		}
+		var m stun.Message
+		m.Raw = append([]byte(nil), raw...)
+		if m.Decode() != nil || m.Type.Class != stun.ClassRequest || !m.Contains(stun.AttrMessageIntegrity) {
+			t2.Fatalf("answered %x, which is no authenticated request", raw)
+		}
+	})
+}

@@ -1,0 +1,427 @@
+package turn
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
+
+// errNoRelayPort is the relay port range running out; pion answers it with
+// 508 (Insufficient Capacity).
+var errNoRelayPort = errors.New("turn: no free relay port in the configured range")
+
+// errTCPRelay refuses RFC 6062 TCP allocations, which pion's server does
+// not implement either.
+var errTCPRelay = errors.New("turn: TCP relay allocations are not supported")
+
+// tuple identifies an allocation the way pion's five-tuple does: the
+// client's transport address, the server address it reached, and whether
+// it came over a stream (TCP or TLS). pion labels every five-tuple "UDP"
+// whatever the transport, so stream is ours.
+type tuple struct {
+	stream         bool
+	client, server netip.AddrPort
+}
+
+// addrPort converts the net.Addr values pion hands back to us into the
+// comparable form our tables use. IPv4-mapped addresses are unmapped so
+// that a dual-stack socket and an IPv4 one name a client alike.
+func addrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// tupleOf builds the tuple for an event's source and destination.
+func tupleOf(src, dst net.Addr) tuple {
+	_, stream := src.(*net.TCPAddr)
+	return tuple{stream: stream, client: addrPort(src), server: addrPort(dst)}
+}
+
+// routes is one allocation's channel bindings, both ways, and the peer
+// IPs it holds permissions for, mirrored from pion's events. It is
+// replaced, never changed, so the relay paths read it with one atomic load.
+type routes struct {
+	byNumber map[uint16]netip.AddrPort
+	byPeer   map[netip.AddrPort]uint16
+	perms    map[netip.Addr]bool
+}
+
+// downstream is where an allocation's traffic to its client goes: the UDP
+// listener socket and the client's address, or the client's TCP/TLS
+// connection.
+type downstream struct {
+	client netip.AddrPort
+	udp    *net.UDPConn
+	stream *streamConn
+}
+
+// relayConn is an allocation's relayed transport address: the UDP socket
+// peers send to. pion reads it (its per-allocation goroutine calls
+// ReadFrom); our ReadFrom relays datagrams from channel-bound peers to the
+// client itself and returns only the rest (peers without a channel, to be
+// sent as Data indications, or refused for want of a permission) to pion.
+type relayConn struct {
+	*net.UDPConn
+	srv  *Server
+	port int
+	addr *net.UDPAddr // advertised relayed address (XOR-RELAYED-ADDRESS)
+
+	down     atomic.Pointer[downstream]
+	routes   atomic.Pointer[routes]
+	username atomic.Pointer[string]
+	routeMu  sync.Mutex // serializes replacing routes
+
+	// Per-allocation counters (one writer each: the client socket's reader
+	// counts upPackets, this socket's reader downPackets), folded into the
+	// server's totals when the allocation closes.
+	upPackets, upBytes, downPackets, downBytes atomic.Uint64
+
+	closeOnce sync.Once
+}
+
+// ReadFrom implements net.PacketConn for pion's relay loop. Channel-bound
+// peers' datagrams are framed as ChannelData in p itself (read at p[4:],
+// header written in front) and sent to the client; datagrams from peers
+// with neither a channel nor a permission are dropped here; the loop
+// returns only datagrams pion is to send on as Data indications.
+func (r *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	if len(p) < 8 {
+		return 0, nil, fmt.Errorf("turn: relay read buffer of %d bytes", len(p))
+	}
+	// Keep room for a ChannelData header in front and TCP's padding
+	// behind (p's length minus 4, rounded down to 4, keeps both in p).
+	body := p[4 : 4+((len(p)-4)&^3)]
+	for {
+		n, peer, err := r.UDPConn.ReadFromUDPAddrPort(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+		rt := r.routes.Load()
+		if rt == nil || n == len(body) { // a full buffer may have been truncated
+			continue
+		}
+		if number, ok := rt.byPeer[peer]; ok {
+			if d := r.down.Load(); d != nil {
+				r.sendDown(d, p, number, n)
+			}
+			continue
+		}
+		if !rt.perms[peer.Addr()] {
+			continue
+		}
+		r.downPackets.Add(1)
+		r.downBytes.Add(uint64(n))
+		copy(p, body[:n])
+		return n, net.UDPAddrFromAddrPort(peer), nil
+	}
+}
+
+// sendDown frames p[4:4+n] as ChannelData for channel number and writes it
+// to the client. A failed write drops the datagram, as a full socket
+// buffer would; for a stream, the connection's reader will see the error.
+func (r *relayConn) sendDown(d *downstream, p []byte, number uint16, n int) {
+	binary.BigEndian.PutUint16(p[0:2], number)
+	binary.BigEndian.PutUint16(p[2:4], uint16(n))
+	var err error
+	if d.udp != nil {
+		_, err = d.udp.WriteToUDPAddrPort(p[:4+n], d.client)
+	} else {
+		// Over a stream ChannelData is padded to a multiple of 4 bytes
+		// (RFC 8656 §12.5).
+		end := (4 + n + 3) &^ 3
+		clear(p[4+n : end])
+		_, err = d.stream.Write(p[:end])
+	}
+	if err != nil {
+		return
+	}
+	r.downPackets.Add(1)
+	r.downBytes.Add(uint64(n))
+}
+
+// sendUp relays a ChannelData payload to the peer bound to number. It
+// reports false when number is not bound, so the datagram is dropped.
+func (r *relayConn) sendUp(number uint16, payload []byte) bool {
+	rt := r.routes.Load()
+	if rt == nil {
+		return false
+	}
+	peer, ok := rt.byNumber[number]
+	if !ok {
+		return false
+	}
+	if _, err := r.UDPConn.WriteToUDPAddrPort(payload, peer); err != nil {
+		return true // dropped like any UDP datagram the kernel would not take
+	}
+	r.upPackets.Add(1)
+	r.upBytes.Add(uint64(len(payload)))
+	return true
+}
+
+// WriteTo is pion's path for Send indications (clients that have not
+// bound a channel); pion has checked the permission, we count.
+func (r *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	n, err := r.UDPConn.WriteTo(p, addr)
+	if err == nil {
+		r.upPackets.Add(1)
+		r.upBytes.Add(uint64(n))
+	}
+	return n, err
+}
+
+// updateRoutes replaces the routes with a changed copy. Bindings change a
+// few times per allocation lifetime; datagrams are relayed millions of
+// times, so copying here keeps the relay paths free of locks.
+func (r *relayConn) updateRoutes(change func(*routes)) {
+	r.routeMu.Lock()
+	defer r.routeMu.Unlock()
+	next := &routes{byNumber: make(map[uint16]netip.AddrPort), byPeer: make(map[netip.AddrPort]uint16), perms: make(map[netip.Addr]bool)}
+	if old := r.routes.Load(); old != nil {
+		maps.Copy(next.byNumber, old.byNumber)
+		maps.Copy(next.byPeer, old.byPeer)
+		maps.Copy(next.perms, old.perms)
+	}
+	change(next)
+	r.routes.Store(next)
+}
+
+// bindChannel mirrors a channel binding pion has made.
+func (r *relayConn) bindChannel(number uint16, peer netip.AddrPort) {
+	r.updateRoutes(func(rt *routes) {
+		if old, ok := rt.byNumber[number]; ok {
+			delete(rt.byPeer, old)
+		}
+		rt.byNumber[number] = peer
+		rt.byPeer[peer] = number
+	})
+}
+
+// unbindChannel mirrors a channel binding pion has removed.
+func (r *relayConn) unbindChannel(number uint16) {
+	r.updateRoutes(func(rt *routes) {
+		if peer, ok := rt.byNumber[number]; ok {
+			delete(rt.byPeer, peer)
+			delete(rt.byNumber, number)
+		}
+	})
+}
+
+// permit and unpermit mirror pion's permissions, which are per peer IP.
+func (r *relayConn) permit(ip netip.Addr) {
+	r.updateRoutes(func(rt *routes) { rt.perms[ip] = true })
+}
+
+func (r *relayConn) unpermit(ip netip.Addr) {
+	r.updateRoutes(func(rt *routes) { delete(rt.perms, ip) })
+}
+
+// Close releases the socket and its port. pion closes the relay socket
+// when the allocation ends; our deletion of the allocation's table entries
+// happens in the event that follows.
+func (r *relayConn) Close() error {
+	var err error
+	r.closeOnce.Do(func() {
+		err = r.UDPConn.Close()
+		r.srv.relays.remove(r)
+		r.srv.ports.release(r.port)
+	})
+	return err
+}
+
+// portPool hands out relay ports: any port when the range is unset,
+// otherwise each port of [min, max] in turn, starting at a random one, so
+// that the last free port is found however full the range is (pion's own
+// range generator tries a few random ports and gives up).
+type portPool struct {
+	bindIP   netip.Addr
+	min, max int // 0, 0: any port
+
+	mu    sync.Mutex
+	next  int
+	inUse map[int]bool
+}
+
+func newPortPool(bindIP netip.Addr, minPort, maxPort int) *portPool {
+	p := &portPool{bindIP: bindIP, min: minPort, max: maxPort, inUse: make(map[int]bool)}
+	if maxPort > minPort {
+		p.next = rand.IntN(maxPort - minPort + 1)
+	}
+	return p
+}
+
+// bind opens a relay socket on requested (EVEN-PORT reservations ask for a
+// port) or on a free one.
+func (p *portPool) bind(requested int) (*net.UDPConn, int, error) {
+	if p.min == 0 {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(p.bindIP, uint16(requested))))
+		if err != nil {
+			return nil, 0, fmt.Errorf("turn: relay socket: %w", err)
+		}
+		return c, c.LocalAddr().(*net.UDPAddr).Port, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	size := p.max - p.min + 1
+	if requested != 0 {
+		if requested < p.min || requested > p.max || p.inUse[requested] {
+			return nil, 0, fmt.Errorf("%w: port %d not available", errNoRelayPort, requested)
+		}
+		c, err := p.listen(requested)
+		if err != nil {
+			return nil, 0, err
+		}
+		return c, requested, nil
+	}
+	for i := range size {
+		port := p.min + (p.next+i)%size
+		if p.inUse[port] {
+			continue
+		}
+		c, err := p.listen(port)
+		if err != nil {
+			continue // taken by another process: try the next
+		}
+		p.next = (port - p.min + 1) % size
+		return c, port, nil
+	}
+	return nil, 0, errNoRelayPort
+}
+
+func (p *portPool) listen(port int) (*net.UDPConn, error) {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(p.bindIP, uint16(port))))
+	if err != nil {
+		return nil, fmt.Errorf("turn: relay socket on port %d: %w", port, err)
+	}
+	p.inUse[port] = true
+	return c, nil
+}
+
+func (p *portPool) release(port int) {
+	if p.min == 0 {
+		return
+	}
+	p.mu.Lock()
+	delete(p.inUse, port)
+	p.mu.Unlock()
+}
+
+// relayAddressGenerator is pion's hook for making relay sockets.
+type relayAddressGenerator struct{ srv *Server }
+
+func (g relayAddressGenerator) Validate() error { return nil }
+
+func (g relayAddressGenerator) AllocatePacketConn(_ string, requestedPort int) (net.PacketConn, net.Addr, error) {
+	s := g.srv
+	c, port, err := s.ports.bind(requestedPort)
+	if err != nil {
+		if errors.Is(err, errNoRelayPort) {
+			s.metrics.refused(quotaPorts)
+		}
+		return nil, nil, err
+	}
+	r := &relayConn{
+		UDPConn: c,
+		srv:     s,
+		port:    port,
+		addr:    net.UDPAddrFromAddrPort(netip.AddrPortFrom(s.relayIP, uint16(port))),
+	}
+	s.relays.add(r)
+	return r, r.addr, nil
+}
+
+func (g relayAddressGenerator) AllocateConn(string, int) (net.Conn, net.Addr, error) {
+	return nil, nil, errTCPRelay
+}
+
+// relayTable finds relay sockets by port (pion's events name an allocation
+// by its relayed address) and allocations by tuple (the client sockets'
+// fast path), and keeps the totals of closed allocations for the metrics.
+type relayTable struct {
+	mu       sync.RWMutex
+	byPort   map[int]*relayConn
+	byTuple  map[tuple]*relayConn
+	closedUp [2]uint64 // packets, bytes
+	closedDn [2]uint64
+}
+
+func newRelayTable() *relayTable {
+	return &relayTable{byPort: make(map[int]*relayConn), byTuple: make(map[tuple]*relayConn)}
+}
+
+func (t *relayTable) add(r *relayConn) {
+	t.mu.Lock()
+	t.byPort[r.port] = r
+	t.mu.Unlock()
+}
+
+// remove forgets a closed relay socket and folds its counters into the
+// totals, under the lock the metrics read with, so no scrape counts it
+// twice or not at all.
+func (t *relayTable) remove(r *relayConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byPort[r.port] != r {
+		return
+	}
+	delete(t.byPort, r.port)
+	t.closedUp[0] += r.upPackets.Load()
+	t.closedUp[1] += r.upBytes.Load()
+	t.closedDn[0] += r.downPackets.Load()
+	t.closedDn[1] += r.downBytes.Load()
+}
+
+func (t *relayTable) byRelayAddr(a net.Addr) *relayConn {
+	port := int(addrPort(a).Port())
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.byPort[port]
+}
+
+func (t *relayTable) attach(tu tuple, r *relayConn) {
+	t.mu.Lock()
+	t.byTuple[tu] = r
+	t.mu.Unlock()
+}
+
+func (t *relayTable) detach(tu tuple) *relayConn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.byTuple[tu]
+	delete(t.byTuple, tu)
+	return r
+}
+
+// lookup is the per-datagram path from a client socket.
+func (t *relayTable) lookup(tu tuple) *relayConn {
+	t.mu.RLock()
+	r := t.byTuple[tu]
+	t.mu.RUnlock()
+	return r
+}
+
+// totals sums every relay's counters: up and down packets and bytes.
+func (t *relayTable) totals() (upP, upB, dnP, dnB uint64) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	upP, upB, dnP, dnB = t.closedUp[0], t.closedUp[1], t.closedDn[0], t.closedDn[1]
+	for _, r := range t.byPort {
+		upP += r.upPackets.Load()
+		upB += r.upBytes.Load()
+		dnP += r.downPackets.Load()
+		dnB += r.downBytes.Load()
+	}
+	return
+}

@@ -1,0 +1,121 @@
+package turn
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v3"
+)
+
+// pipeStream is a streamConn reading from one end of an in-memory pipe.
+func pipeStream(t *testing.T, s *Server) (*streamConn, net.Conn) {
+	t.Helper()
+	a, b := net.Pipe()
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+	sc := &streamConn{Conn: a, srv: s, t: tuple{stream: true}, buf: make([]byte, streamBuffer)}
+	sc.allocated.Store(true) // no idle deadline on the pipe
+	return sc, b
+}
+
+// TestStreamFraming feeds STUN messages to the stream reader byte by
+// byte and in one piece, including one larger than the first buffer, and
+// expects each handed on whole; unknown ChannelData is dropped and a
+// frame that is neither closes the connection.
+func TestStreamFraming(t *testing.T) {
+	s, _ := testServer(t, nil)
+	sc, w := pipeStream(t, s)
+
+	small := stun.MustBuild(stun.TransactionID, stun.BindingRequest)
+	big := stun.MustBuild(stun.TransactionID, stun.BindingRequest, stun.NewSoftware(string(bytes.Repeat([]byte("s"), 700))))
+	for range 20 { // grow past streamBuffer
+		_ = stun.NewSoftware(string(bytes.Repeat([]byte("x"), 500))).AddTo(big)
+	}
+	if len(big.Raw) <= streamBuffer {
+		t.Fatalf("big message %d bytes, want more than %d", len(big.Raw), streamBuffer)
+	}
+	chanData := make([]byte, 4+5+3) // channel 0x4000, 5 bytes, padded to 12
+	binary.BigEndian.PutUint16(chanData[0:2], 0x4000)
+	binary.BigEndian.PutUint16(chanData[2:4], 5)
+
+	go func() {
+		for _, b := range small.Raw { // one byte at a time
+			_, _ = w.Write([]byte{b})
+		}
+		_, _ = w.Write(chanData) // no allocation: dropped
+		_, _ = w.Write(big.Raw)
+		_, _ = w.Write(small.Raw)
+		_, _ = w.Write([]byte{0xC0, 0, 0, 0}) // neither STUN nor ChannelData
+	}()
+	read := func() []byte {
+		// pion reads with a 1600-byte buffer; a bigger frame comes in parts.
+		var got []byte
+		buf := make([]byte, 1600)
+		for {
+			n, err := sc.Read(buf)
+			if err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			got = append(got, buf[:n]...)
+			if len(got) >= 20 && len(got) >= 20+int(binary.BigEndian.Uint16(got[2:4])) {
+				return got
+			}
+		}
+	}
+	for i, want := range [][]byte{small.Raw, big.Raw, small.Raw} {
+		if got := read(); !bytes.Equal(got, want) {
+			t.Fatalf("frame %d: got %d bytes, want %d", i, len(got), len(want))
+		}
+	}
+	_ = sc.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := sc.Read(make([]byte, 1600)); err != errBadFrame {
+		t.Fatalf("Read of a bad frame: %v, want errBadFrame", err)
+	}
+}
+
+// TestStreamClosedMidFrame ends the reader cleanly when the client goes
+// away in the middle of a frame.
+func TestStreamClosedMidFrame(t *testing.T) {
+	s, _ := testServer(t, nil)
+	sc, w := pipeStream(t, s)
+	go func() {
+		_, _ = w.Write([]byte{0x00, 0x01, 0x00, 0x10, 0x21}) // a STUN header, cut short
+		_ = w.Close()
+	}()
+	if _, err := sc.Read(make([]byte, 1600)); err != io.EOF {
+		t.Fatalf("Read after a cut frame: %v, want EOF", err)
+	}
+}
+
+// TestStreamCaps refuses TCP connections past the per-IP cap.
+func TestStreamCaps(t *testing.T) {
+	s, _ := testServer(t, func(c *Config) { c.MaxPerIP = 1 }) // 2 connections per IP
+	var conns []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		defer c.Close()
+	}
+	// The third is closed by the server as soon as it is accepted.
+	_ = conns[2].SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conns[2].Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("third connection from one IP: %v, want EOF", err)
+	}
+	waitFor(t, "the refusal to be counted", func() bool { return metricValue(s.metrics.streamRefusals) == 1 })
+	// The first two still work: a STUN Binding over TCP.
+	m := stun.MustBuild(stun.TransactionID, stun.BindingRequest)
+	if _, err := conns[0].Write(m.Raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = conns[0].SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 512)
+	if n, err := conns[0].Read(buf); err != nil || !stun.IsMessage(buf[:n]) {
+		t.Fatalf("Binding over TCP: %v", err)
+	}
+}
