@@ -1,0 +1,73 @@
+package abtest
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestAlternateOrderAndWarmup(t *testing.T) {
+	var ran []string
+	got, err := Alternate(4, 1, func(side, round int) (int, error) {
+		ran = append(ran, string(rune('A'+side)))
+		return 10*round + side, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"A", "B", "B", "A", "A", "B", "B", "A"}; !slices.Equal(ran, want) {
+		t.Errorf("ran %v, want ABBA order %v", ran, want)
+	}
+	if !slices.Equal(got[0], []int{10, 20, 30}) || !slices.Equal(got[1], []int{11, 21, 31}) {
+		t.Errorf("results %v: want rounds 1..3 of each side, warm-up dropped", got)
+	}
+}
+
+func TestAlternateStopsAtError(t *testing.T) {
+	boom := errors.New("boom")
+	calls := 0
+	_, err := Alternate(3, 0, func(side, round int) (int, error) {
+		calls++
+		if round == 1 {
+			return 0, boom
+		}
+		return 0, nil
+	})
+	if !errors.Is(err, boom) || calls != 3 {
+		t.Fatalf("err %v after %d calls, want boom after 3", err, calls)
+	}
+}
+
+func TestAlternateNeedsCountedRounds(t *testing.T) {
+	if _, err := Alternate(1, 1, func(int, int) (int, error) { return 0, nil }); err == nil {
+		t.Fatal("no error when every round is warm-up")
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		in := slices.Clone(c.in)
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("Median reordered its input: %v", c.in)
+		}
+	}
+}
+
+func TestRoundRatio(t *testing.T) {
+	// Per-round ratios 2, 4, 3: their median is 3, while the ratio of the
+	// medians is 12/5. The fourth value of a has no partner and is ignored.
+	if got := RoundRatio([]float64{10, 40, 12, 99}, []float64{5, 10, 4}); got != 3 {
+		t.Errorf("RoundRatio = %v, want 3", got)
+	}
+}
