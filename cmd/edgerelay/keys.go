@@ -17,10 +17,12 @@ import (
 	"edgerelay/cmd/edgerelay/config"
 	"edgerelay/fastpath/admin"
 	"edgerelay/fastpath/channel"
+	"edgerelay/fastpath/pushgw/keycmd"
 	"edgerelay/store"
 )
 
 const keysUsage = `usage:
+  edgerelay keys push create --label L [--expires T] | list | disable | revoke   push gateway API keys
   edgerelay keys channel add --host NAME     create a claim key for a computer; prints the key once
   edgerelay keys channel list                list hosts and whether each key is used
   edgerelay keys channel revoke --host NAME  revoke a host's key and disconnect it
@@ -31,6 +33,9 @@ Flags: --data-dir DIR, --admin-listen HOST:PORT (default from RELAY_* like serve
 `
 
 func runKeys(args []string, stdout, stderr io.Writer) int {
+	if len(args) >= 1 && args[0] == "push" {
+		return runPushKeys(args[1:], stdout, stderr)
+	}
 	if len(args) < 2 || args[0] != "channel" {
 		fmt.Fprint(stderr, keysUsage)
 		return 2
@@ -194,4 +199,18 @@ func (k keysClient) call(method, suffix string, body any, want int, out any) err
 		}
 	}
 	return nil
+}
+
+// runPushKeys is `edgerelay keys push …`: the push gateway's API keys.
+func runPushKeys(args []string, stdout, stderr io.Writer) int {
+	values, err := config.Load(nil, os.Environ(), io.Discard)
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerelay keys push: %v\n", err)
+		return 2
+	}
+	dataDir := values.String(config.EnvDataDir)
+	return keycmd.Run(args, keycmd.Config{
+		DataDir: dataDir, AdminAddr: values.String(config.EnvAdminListen),
+		AdminTokenFile: filepath.Join(dataDir, adminTokenFile), Separate: values.Bool(config.EnvPushSeparateKeys),
+	}, stdout, stderr)
 }

@@ -15,7 +15,7 @@ import (
 // seals and writes, the companion watches (bearer as a subprotocol, as a
 // browser must), batches, opens and prunes.
 func TestMailboxWithTheSDK(t *testing.T) {
-	s := startServer(t, "RELAY_MAILBOX_LISTEN=127.0.0.1:0", "RELAY_APPS=notes;chat:signal,ice")
+	s := startServer(t, "RELAY_MAILBOX_LISTEN=127.0.0.1:0", "RELAY_APPS=notes;chat:signal")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l, err := link.New()

@@ -66,6 +66,10 @@ func startServer(t *testing.T, env ...string) *relayProc {
 		"RELAY_DATA_DIR=" + t.TempDir(),
 		"RELAY_ADMIN_LISTEN=127.0.0.1:0",
 		"RELAY_CHANNEL_LISTEN=127.0.0.1:0",
+		"RELAY_MAILBOX_LISTEN=127.0.0.1:0",
+		"RELAY_PUSH_FCM_LISTEN=127.0.0.1:0",
+		"RELAY_PUSH_APNS_LISTEN=127.0.0.1:0",
+		"RELAY_TURN_LISTEN=",
 		"RELAY_DRAIN_TIMEOUT=5s",
 	}
 	s := &relayProc{t: t, env: mergeEnv(base, env)}

@@ -29,6 +29,7 @@ import (
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/fastpath/netlimit"
+	"edgerelay/fastpath/pushgw"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/tlsconf"
 	"edgerelay/push/apns"
@@ -187,7 +188,11 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			return nil, err
 		}
 	}
-	for _, s := range []config.Service{config.PushFCM, config.PushAPNs, config.Agent} {
+	pushKeys, err := r.startPushGateway(cfg, pushers, reg, &services, lines)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range []config.Service{config.Agent} {
 		if cfg.Listeners[s].On() {
 			lines[s] = "not in this build yet; listener not opened"
 		}
@@ -197,7 +202,11 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	if err != nil {
 		return nil, err
 	}
-	r.admin = admin.New(admin.Config{Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, Log: log.With("service", "admin")})
+	var pushAdmin *pushgw.Admin
+	if len(pushKeys) > 0 {
+		pushAdmin = pushgw.NewAdmin(pushKeys)
+	}
+	r.admin = admin.New(admin.Config{Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin, Log: log.With("service", "admin")})
 	if cfg.AdminListen != "" {
 		services = append(services, server.Service{
 			Name: "admin", Addr: cfg.AdminListen, Handler: r.admin.ServeHTTP,
@@ -250,7 +259,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		log.Info("listening", "service", ln.Name(), "addr", ln.Addr().String(), "scheme", scheme)
 	}
 	for _, s := range config.Services() {
-		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox {
+		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox && s != config.PushFCM && s != config.PushAPNs {
 			fmt.Fprintf(stdout, "%-9s %s\n", string(s)+":", msg)
 		} else if !cfg.Listeners[s].On() {
 			fmt.Fprintf(stdout, "%-9s off (empty listen address)\n", string(s)+":")
@@ -460,4 +469,66 @@ func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.R
 	lines[config.TURN] = line
 	r.log.Info("listening", "service", "turn", "addr", srv.Addr().String())
 	return nil
+}
+
+// startPushGateway adds the gateway mounts (one provider each) whose
+// listeners are on, sharing one key store unless RELAY_PUSH_SEPARATE_KEYS.
+// It returns the key management of each mount for the admin listener.
+func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (map[string]*pushgw.Keys, error) {
+	mounts := []struct {
+		service  config.Service
+		provider string
+		scope    store.PushScope
+	}{
+		{config.PushFCM, pushgw.ProviderFCM, store.PushScopeFCM},
+		{config.PushAPNs, pushgw.ProviderAPNs, store.PushScopeAPNs},
+	}
+	keys := map[string]*pushgw.Keys{}
+	var shared *store.PushGateway
+	var metrics *pushgw.Metrics
+	for _, m := range mounts {
+		l := cfg.Listeners[m.service]
+		if !l.On() {
+			continue
+		}
+		if metrics == nil {
+			metrics = pushgw.NewMetrics(reg)
+		}
+		var st *store.PushGateway
+		var err error
+		switch {
+		case cfg.Gateway.SeparateKeys:
+			st, err = store.NewPushGateway(r.db, m.scope)
+		case shared == nil:
+			shared, err = store.NewPushGateway(r.db, store.PushScopeShared)
+			st = shared
+		default:
+			st = shared
+		}
+		if err != nil {
+			return nil, err
+		}
+		gcfg := pushgw.Config{
+			Provider: m.provider, APNs: pushers.APNs, APNsTopic: cfg.APNs.Topic, APNsEnvironment: cfg.APNs.Environment,
+			FCM: pushers.FCM, Store: st, Registration: cfg.Gateway.Registration, RatePerMinute: cfg.Gateway.RatePerMinute,
+			DailyBudget: cfg.Gateway.DailyBudget, Metered: cfg.Gateway.Metered, TrustedProxyHeader: cfg.Gateway.TrustedProxyHeader,
+			Log: r.log.With("service", string(m.service)), Metrics: metrics,
+		}
+		h, err := pushgw.New(gcfg)
+		if err != nil {
+			return nil, err
+		}
+		svc := r.service(string(m.service), l, h.ServeHTTP, h.Drain)
+		svc.MaxBodyBytes = pushgw.MaxBodyBytes
+		svc.StreamRequestBody = true
+		svc.ErrorHandler = h.ServeError
+		*services = append(*services, svc)
+		keys[m.provider] = &pushgw.Keys{Store: st, Log: r.log.With("service", string(m.service))}
+		ready := "provider configured"
+		if (m.provider == pushgw.ProviderFCM && pushers.FCM == nil) || (m.provider == pushgw.ProviderAPNs && (pushers.APNs == nil || cfg.APNs.Topic == "")) {
+			ready = "provider NOT configured (answers 500 relay not configured): see RELAY_" + strings.ToUpper(m.provider) + "_* settings"
+		}
+		lines[m.service] = "POST /send with an API key (edgerelay keys push create --label L); " + ready
+	}
+	return keys, nil
 }

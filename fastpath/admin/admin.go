@@ -21,6 +21,7 @@ import (
 
 	"edgerelay/fastpath/channel"
 	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/pushgw"
 	"edgerelay/store"
 )
 
@@ -31,7 +32,9 @@ type Config struct {
 	TokenHash [32]byte
 	// ChannelKeys is nil when the channel service is off.
 	ChannelKeys *channel.Keys
-	Log         *slog.Logger
+	// PushKeys manages the push gateway's API keys; nil when it is off.
+	PushKeys *pushgw.Admin
+	Log      *slog.Logger
 }
 
 // Handler is the admin listener's handler.
@@ -67,6 +70,16 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		} else {
 			httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"not ready"}`))
 		}
+	case path == pushgw.AdminPath || strings.HasPrefix(path, pushgw.AdminPath+"/"):
+		if !h.authorized(ctx) {
+			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
+			return
+		}
+		if h.cfg.PushKeys == nil {
+			httpx.Error(ctx, fasthttp.StatusNotFound, "push gateway is off")
+			return
+		}
+		h.cfg.PushKeys.ServeHTTP(ctx)
 	case path == "/v1/keys/channel" || strings.HasPrefix(path, "/v1/keys/channel/"):
 		if !h.authorized(ctx) {
 			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")

@@ -40,6 +40,12 @@ type Service struct {
 	// Drain closes the service's long-lived sockets (WebSockets with 1001)
 	// and waits for them; nil when the service has none.
 	Drain func(ctx context.Context) error
+	// StreamRequestBody hands the handler the body as it arrives, so that
+	// it can check credentials before reading it (the push gateway).
+	StreamRequestBody bool
+	// ErrorHandler answers fasthttp's own refusals; nil keeps the JSON
+	// error shape of the other protocols.
+	ErrorHandler func(ctx *fasthttp.RequestCtx, err error)
 }
 
 // Listener is a running Service.
@@ -75,7 +81,11 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		ErrorHandler:                  errorAnswer,
+		StreamRequestBody:             svc.StreamRequestBody,
 		Logger:                        fasthttpLogger{log: log},
+	}
+	if svc.ErrorHandler != nil {
+		l.srv.ErrorHandler = svc.ErrorHandler
 	}
 	return l, nil
 }

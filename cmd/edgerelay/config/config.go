@@ -103,6 +103,7 @@ type GatewayConfig struct {
 	DailyBudget        int    // RELAY_PUSH_DAILY_BUDGET, meaningful only if Metered
 	Metered            bool   // false: RELAY_PUSH_DAILY_BUDGET unset, no daily limit
 	TrustedProxyHeader string // RELAY_TRUSTED_PROXY_HEADER; "" = the connection's address
+	SeparateKeys       bool   // RELAY_PUSH_SEPARATE_KEYS: one key store per mount
 }
 
 // CloudflareConfig holds the Cloudflare Realtime TURN key the mailbox ice
@@ -189,6 +190,7 @@ func (v *Values) Config() (Config, error) {
 			Registration:       v.Bool(EnvPushRegistration),
 			RatePerMinute:      v.Int(EnvPushRatePerMinute),
 			TrustedProxyHeader: v.String(EnvTrustedProxyHeader),
+			SeparateKeys:       v.Bool(EnvPushSeparateKeys),
 		},
 		Cloudflare: CloudflareConfig{
 			KeyID:    v.String(EnvCFTURNKeyID),

@@ -223,6 +223,8 @@ func table() []Setting {
 		"Push-gateway sends per API key per minute.")
 	add(GroupPush, EnvPushDailyBudget, KindOptionalInt, "",
 		"Push-gateway sends per UTC day, all keys together; unset: unmetered; 0 closes the gateway.")
+	add(GroupPush, EnvPushSeparateKeys, KindBool, "false",
+		"true gives the FCM and APNs gateway mounts separate key stores (API keys, device-token claims and daily budget each); false shares one between them.")
 	add(GroupPush, EnvTrustedProxyHeader, KindString, "",
 		"Request header that carries the client address when a trusted reverse proxy is in front (e.g. X-Forwarded-For); empty: the connection's address.")
 
@@ -281,6 +283,7 @@ const (
 	EnvPushRegistration   = "RELAY_PUSH_REGISTRATION"
 	EnvPushRatePerMinute  = "RELAY_PUSH_RATE_PER_MINUTE"
 	EnvPushDailyBudget    = "RELAY_PUSH_DAILY_BUDGET"
+	EnvPushSeparateKeys   = "RELAY_PUSH_SEPARATE_KEYS"
 	EnvTrustedProxyHeader = "RELAY_TRUSTED_PROXY_HEADER"
 	EnvCFTURNKeyID        = "RELAY_CF_TURN_KEY_ID"
 	EnvCFTURNAPIToken     = "RELAY_CF_TURN_API_TOKEN"

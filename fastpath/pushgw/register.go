@@ -1,0 +1,149 @@
+package pushgw
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/store"
+)
+
+// registerKey is POST /register: anyone may mint an API key, one active
+// key per address bucket, when the operator opened registration.
+func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
+	if !h.register {
+		h.fail(ctx, r, fasthttp.StatusForbidden, "self-registration is disabled")
+		h.m.registrations[regDisabled].Inc()
+		return
+	}
+	bucketName, ok := h.clientBucket(ctx)
+	if !ok {
+		// Fail closed: without a trustworthy address there is no bucket
+		// to limit, and an unlimited /register is an open mint.
+		h.fail(ctx, r, fasthttp.StatusServiceUnavailable, "registration is temporarily unavailable")
+		h.m.registrations[regNoAddress].Inc()
+		return
+	}
+	now := h.now()
+	h.sweep(now)
+	if ok, _ := h.regRate.TakeBytes([]byte(bucketName), now.UnixNano()); !ok {
+		var buf [192]byte
+		b := appendErrorHead(buf[:0], r, "too many registration attempts, try again later")
+		b = append(b, `,"window":"minute","retryAfterSeconds":60}`...)
+		retryAfterHeader(ctx, retryMinute)
+		h.json(ctx, r, fasthttp.StatusTooManyRequests, b)
+		h.m.registrations[regRateLimited].Inc()
+		return
+	}
+	sc := h.getScratch()
+	defer h.putScratch(sc)
+	body, tooLarge, err := readBody(ctx, maxRegisterBody, sc.body)
+	if tooLarge {
+		h.fail(ctx, r, fasthttp.StatusRequestEntityTooLarge, "request body too large")
+		h.m.registrations[regTooLarge].Inc()
+		return
+	}
+	if err != nil {
+		body = nil // unreadable reads as {}
+	}
+	label := string(sc.p.parseLabel(body))
+
+	key, err := newAPIKey()
+	if err != nil {
+		h.internal(ctx, r, "register", err)
+		return
+	}
+	id := newID()
+	rec := store.PushKey{
+		ID: id, Hash: sha256.Sum256([]byte(key)), Label: label, Enabled: true,
+		CreatedAt: now.UTC(), Source: store.PushSourceSelf, RegisteredIP: bucketName,
+	}
+	old, err := h.store.RegisterKey(rec)
+	if err != nil {
+		h.internal(ctx, r, "register", err)
+		return
+	}
+	h.m.registrations[regCreated].Inc()
+	h.event(r, slog.LevelInfo, "key.created", id, slog.String("source", store.PushSourceSelf), slog.String("bucket", bucketName))
+	if old != nil {
+		h.event(r, slog.LevelInfo, "key.superseded", old.ID, slog.String("by", id), slog.String("bucket", bucketName))
+	}
+
+	b := sc.out[:0]
+	b = append(b, `{"id":"`...)
+	b = append(b, id...)
+	b = append(b, `","label":`...)
+	b = appendJSONString(b, []byte(label))
+	b = append(b, `,"key":"`...)
+	b = append(b, key...)
+	b = append(b, `","expiresAt":null}`...)
+	h.json(ctx, r, fasthttp.StatusCreated, b)
+}
+
+// clientBucket is the address bucket of the caller: an IPv4 address as
+// it is, an IPv6 address by its /64 (one subscriber usually holds a whole
+// /64, so a finer bucket would let one household mint without limit). The
+// address comes from the trusted proxy's header when one is configured,
+// else from the connection.
+func (h *Handler) clientBucket(ctx *fasthttp.RequestCtx) (string, bool) {
+	var addr netip.Addr
+	if h.proxyHeader != "" {
+		v := ctx.Request.Header.Peek(h.proxyHeader)
+		// X-Forwarded-For style lists: the proxy appends the address it
+		// saw, so only the last element is the proxy's word.
+		if i := bytes.LastIndexByte(v, ','); i >= 0 {
+			v = v[i+1:]
+		}
+		a, err := netip.ParseAddr(string(bytes.TrimSpace(v)))
+		if err != nil {
+			return "", false
+		}
+		addr = a
+	} else {
+		a, ok := netip.AddrFromSlice(ctx.RemoteIP())
+		if !ok {
+			return "", false
+		}
+		addr = a
+	}
+	return addressBucket(addr)
+}
+
+// addressBucket maps an address to its bucket name.
+func addressBucket(a netip.Addr) (string, bool) {
+	a = a.Unmap().WithZone("")
+	switch {
+	case !a.IsValid() || a.IsUnspecified():
+		return "", false
+	case a.Is4():
+		return a.String(), true
+	}
+	p, err := a.Prefix(64)
+	if err != nil {
+		return "", false
+	}
+	return p.String(), true
+}
+
+// newAPIKey mints an API key: 32 random bytes as 64 lowercase hex
+// characters. Only its SHA-256 is stored.
+func newAPIKey() (string, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("pushgw: api key: %w", err)
+	}
+	return hex.EncodeToString(raw[:]), nil
+}
+
+// newID is a fresh key id (a UUID v4).
+func newID() string {
+	var id [36]byte
+	newUUID(&id)
+	return string(id[:])
+}
