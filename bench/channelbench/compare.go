@@ -15,9 +15,9 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"slices"
 	"time"
 
+	"edgerelay/bench/abtest"
 	"edgerelay/bench/channelload"
 )
 
@@ -124,48 +124,34 @@ func Compare(ctx context.Context, o CompareOptions) (rep Report, err error) {
 	}
 	defer func() { err = errors.Join(err, base.close()) }()
 
-	var runsOurs, runsBase []run
-	for round := range o.Rounds {
-		// ABBA order: each relay goes first every other round, so neither
-		// always runs on a machine the other has just warmed (or heated).
-		order := []*relay{ours, base}
-		if round%2 == 1 {
-			order = []*relay{base, ours}
+	relays := [2]*relay{ours, base}
+	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (run, error) {
+		r := relays[side]
+		res, err := measure(ctx, r, o)
+		if err != nil {
+			return run{}, fmt.Errorf("channelbench: round %d, %s: %w", round, r.name, err)
 		}
-		for _, r := range order {
-			res, err := measure(ctx, r, o)
-			if err != nil {
-				return Report{}, fmt.Errorf("channelbench: round %d, %s: %w", round, r.name, err)
-			}
-			if o.Progress != nil {
-				note := ""
-				if round == 0 {
-					note = " (warm-up, not counted)"
-				}
-				fmt.Fprintf(o.Progress, "round %d %-8s %9.0f frames/s  p50 %v  p99 %v  %.2f allocs/frame%s\n",
-					round, r.name, res.FramesPerSec, res.P50, res.P99, res.allocsPerFrame(), note)
-			}
+		if o.Progress != nil {
+			note := ""
 			if round == 0 {
-				continue
+				note = " (warm-up, not counted)"
 			}
-			if r == ours {
-				runsOurs = append(runsOurs, res)
-			} else {
-				runsBase = append(runsBase, res)
-			}
+			fmt.Fprintf(o.Progress, "round %d %-8s %9.0f frames/s  p50 %v  p99 %v  %.2f allocs/frame%s\n",
+				round, r.name, res.FramesPerSec, res.P50, res.P99, res.allocsPerFrame(), note)
 		}
+		return res, nil
+	})
+	if err != nil {
+		return Report{}, err
 	}
+	runsOurs, runsBase := runs[0], runs[1]
 	rep = Report{
 		Options:  o,
 		Ours:     summarize("ours", runsOurs),
 		Baseline: summarize("baseline", runsBase),
 	}
 	rep.Ratio = rep.Ours.Median / rep.Baseline.Median
-	ratios := make([]float64, len(runsOurs))
-	for i := range runsOurs {
-		ratios[i] = runsOurs[i].FramesPerSec / runsBase[i].FramesPerSec
-	}
-	rep.RoundRatio = median(ratios)
+	rep.RoundRatio = abtest.RoundRatio(rep.Ours.FramesPerSec, rep.Baseline.FramesPerSec)
 	rep.Elapsed = time.Since(start)
 	return rep, nil
 }
@@ -215,25 +201,10 @@ func summarize(name string, runs []run) Side {
 		mallocs += r.mallocs
 		frames += uint64(r.Frames)
 	}
-	s.Median = median(s.FramesPerSec)
-	s.P50, s.P99 = median(p50), median(p99)
+	s.Median = abtest.Median(s.FramesPerSec)
+	s.P50, s.P99 = abtest.Median(p50), abtest.Median(p99)
 	if frames > 0 {
 		s.AllocsPerFrame = float64(mallocs) / float64(frames)
 	}
 	return s
-}
-
-// median is the middle value (the mean of the two middle values for an
-// even count), or zero for none.
-func median[T ~int64 | ~float64](v []T) T {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
 }

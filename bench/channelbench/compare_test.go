@@ -42,22 +42,6 @@ func TestCompareRejectsOneRound(t *testing.T) {
 	}
 }
 
-func TestMedian(t *testing.T) {
-	for _, c := range []struct {
-		in   []float64
-		want float64
-	}{
-		{nil, 0},
-		{[]float64{3}, 3},
-		{[]float64{5, 1, 3}, 3},
-		{[]float64{4, 1, 3, 2}, 2.5},
-	} {
-		if got := median(c.in); got != c.want {
-			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
-		}
-	}
-}
-
 // BenchmarkForwarding runs b.N round trips of 1 KiB frames over 4 phones
 // through each relay. ns/op and allocs/op cover the whole process (relay
 // and load generator, claim and dials amortised over b.N); frames/s comes

@@ -141,13 +141,14 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	lines := map[config.Service]string{}
 	if l := cfg.Listeners[config.Channel]; l.On() {
 		claims := store.NewChannelClaims(db)
-		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg)})
+		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg), DetachSockets: true})
 		keys = &channel.Keys{Claims: claims, Handler: h}
 		if err := loadBootstrap(cfg.DataDir, keys, log); err != nil {
 			return nil, err
 		}
 		svc := r.service(string(config.Channel), l, h.ServeHTTP, h.Drain)
 		svc.MaxBodyBytes = 64 << 10
+		svc.KeepHijackedConns = true
 		services = append(services, svc)
 		lines[config.Channel] = "add a computer: edgerelay keys channel add --host NAME (prints its claim key)"
 	}
@@ -161,7 +162,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
 			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
-			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers,
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
 		})
 		if err != nil {
 			return nil, err
@@ -171,6 +172,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		go h.Run(bg)
 		svc := r.service(string(config.Mailbox), l, h.ServeHTTP, h.Drain)
 		svc.MaxBodyBytes = cfg.Mailbox.MaxEnvelope + 4096
+		svc.KeepHijackedConns = true
 		services = append(services, svc)
 		names := make([]string, 0, len(apps))
 		for n := range apps {

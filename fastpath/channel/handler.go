@@ -49,6 +49,9 @@ type Config struct {
 	MaxQueue int
 	// Now is the clock (time.Now by default).
 	Now func() time.Time
+	// DetachSockets serves sockets off fasthttp's hijack goroutine (see
+	// ws.Options.Detach); the server must keep hijacked connections.
+	DetachSockets bool
 }
 
 // Handler serves the private channel relay's HTTP and WebSocket endpoints.

@@ -52,12 +52,12 @@ func startRelay(t *testing.T, o relayOpts) *relay {
 		t.Fatal(err)
 	}
 	claims := store.NewChannelClaims(db)
-	h := channel.New(channel.Config{Claims: claims, PingInterval: o.ping, MaxQueue: o.maxQueue})
+	h := channel.New(channel.Config{Claims: claims, PingInterval: o.ping, MaxQueue: o.maxQueue, DetachSockets: true})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 64 << 10}
+	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 64 << 10, KeepHijackedConns: true}
 	go func() { _ = srv.Serve(ln) }()
 	r := &relay{t: t, origin: "http://" + ln.Addr().String(), wsBase: "ws://" + ln.Addr().String(),
 		h: h, claims: claims, db: db, dataDir: o.dataDir, srv: srv, hostKeys: map[string]string{}}

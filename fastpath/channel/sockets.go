@@ -67,6 +67,7 @@ func (h *Handler) wsOptions(maxMessage int) ws.Options {
 		MaxQueue:     h.cfg.MaxQueue,
 		OverflowCode: ws.ClosePolicyViolation,
 		PingInterval: h.cfg.PingInterval,
+		Detach:       h.cfg.DetachSockets,
 	}
 }
 

@@ -84,11 +84,16 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 		return 0, nil
 	}
 	var same, exists bool
-	exists, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, func(stored []byte) { same = bytes.Equal(stored, env) })
-	if err != nil {
-		m.mu.Unlock()
-		h.internal(ctx, err)
-		return 0, nil
+	// Above the last stored sequence nothing can be stored (a write of it
+	// in flight was handled above): the usual, appending, case needs no
+	// lookup.
+	if d.Count > 0 && r.seq <= d.Last {
+		exists, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, func(stored []byte) { same = bytes.Equal(stored, env) })
+		if err != nil {
+			m.mu.Unlock()
+			h.internal(ctx, err)
+			return 0, nil
+		}
 	}
 	if exists {
 		m.mu.Unlock()

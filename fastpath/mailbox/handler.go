@@ -38,6 +38,10 @@ type Config struct {
 	ICE ICEConfig
 	// Push holds the loaded push modules.
 	Push Pushers
+	// DetachSockets serves watch and signal sockets off fasthttp's hijack
+	// goroutine (see ws.Options.Detach); the server must keep hijacked
+	// connections.
+	DetachSockets bool
 	// Now is the clock (time.Now by default); tests move it to refill
 	// buckets and expire mailboxes.
 	Now func() time.Time
@@ -292,7 +296,10 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 		}
 	}
 	rec := store.MailboxRecord{Token: tok, LastActive: now}
-	if err := h.cfg.Store.Claim(m.name, rec, 0, true); err != nil {
+	// Only an expired holder can have left anything behind (erase and
+	// the sweep remove everything at once); a fresh claim of a name never
+	// used writes no range deletion, which would slow every later read.
+	if err := h.cfg.Store.Claim(m.name, rec, 0, expired); err != nil {
 		h.internal(ctx, err)
 		return
 	}

@@ -73,7 +73,7 @@ func start(t *testing.T, o opts) *relay {
 	h, err := mailbox.New(mailbox.Config{
 		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle,
 		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
-		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push,
+		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push, DetachSockets: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +82,7 @@ func start(t *testing.T, o opts) *relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 1 << 20}
+	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 1 << 20, KeepHijackedConns: true}
 	go func() { _ = srv.Serve(ln) }()
 	r := &relay{t: t, base: "http://" + ln.Addr().String(), ws: "ws://" + ln.Addr().String(), h: h, db: db, clock: c, srv: srv}
 	pushCtx, stopPushes := context.WithCancel(context.Background())

@@ -44,6 +44,7 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int6
 		PingInterval:   h.cfg.PingInterval,
 		SilenceTimeout: h.cfg.SilenceTimeout,
 		ReadBufferSize: 4096,
+		Detach:         h.cfg.DetachSockets,
 	}
 	me, other := sideIndex(r.side), 1-sideIndex(r.side)
 	frameKey := dirKey(m.key, r.side)

@@ -85,6 +85,7 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		PingInterval:   h.cfg.PingInterval,
 		SilenceTimeout: h.cfg.SilenceTimeout,
 		ReadBufferSize: 512,
+		Detach:         h.cfg.DetachSockets,
 	}
 	ws.Upgrade(ctx, opts, proto, func(conn *ws.Conn) {
 		w := &watcher{conn: conn, replaying: true}

@@ -40,6 +40,9 @@ type Service struct {
 	// Drain closes the service's long-lived sockets (WebSockets with 1001)
 	// and waits for them; nil when the service has none.
 	Drain func(ctx context.Context) error
+	// KeepHijackedConns leaves hijacked connections to their handler
+	// (which must close them); WebSocket services set it with ws.Options.Detach.
+	KeepHijackedConns bool
 	// StreamRequestBody hands the handler the body as it arrives, so that
 	// it can check credentials before reading it (the push gateway).
 	StreamRequestBody bool
@@ -82,6 +85,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		CloseOnShutdown:               true,
 		ErrorHandler:                  errorAnswer,
 		StreamRequestBody:             svc.StreamRequestBody,
+		KeepHijackedConns:             svc.KeepHijackedConns,
 		Logger:                        fasthttpLogger{log: log},
 	}
 	if svc.ErrorHandler != nil {

@@ -35,6 +35,11 @@ type Options struct {
 	// with 1001. Pings still go out every PingInterval so that a live peer
 	// has something to answer.
 	SilenceTimeout time.Duration
+	// Detach serves the socket on a goroutine of its own over the raw
+	// connection and returns fasthttp's buffers at once. Only for servers
+	// with KeepHijackedConns set: otherwise fasthttp closes the
+	// connection as soon as the hijack handler returns.
+	Detach bool
 	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
 	ReadBufferSize int
 	// CloseTimeout bounds how long a closing socket may take to flush its

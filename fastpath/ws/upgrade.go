@@ -78,20 +78,36 @@ func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, serve f
 	ctx.HijackSetNoResponse(true)
 	opts.setDefaults()
 	ctx.Hijack(func(nc net.Conn) {
-		// The HTTP server's header and idle deadlines do not apply to a
-		// WebSocket: pings decide when it is dead. The answer itself is
-		// bounded like a close, and written before the Conn's writer
-		// exists so that nothing can overtake it.
-		_ = nc.SetDeadline(time.Now().Add(opts.CloseTimeout))
-		_, werr := nc.Write(resp)
-		_ = nc.SetDeadline(time.Time{})
-		c := newConn(nc, opts)
-		defer c.finish()
-		if werr != nil {
-			c.Abort() // serve still runs: its first read fails and it cleans up
+		if !opts.Detach {
+			run(nc, resp, opts, serve)
+			return
 		}
-		serve(c)
+		// A client may send nothing before our 101 (RFC 6455 4.1), so
+		// fasthttp's read buffer holds nothing of the socket: read the
+		// connection itself and let fasthttp have its buffer and request
+		// context back at once. That is about 10 KiB per idle socket.
+		if u, ok := nc.(interface{ UnsafeConn() net.Conn }); ok {
+			nc = u.UnsafeConn()
+		}
+		go run(nc, resp, opts, serve)
 	})
+}
+
+// run writes the 101 and serves the socket until serve returns.
+func run(nc net.Conn, resp []byte, opts Options, serve func(*Conn)) {
+	// The HTTP server's header and idle deadlines do not apply to a
+	// WebSocket: pings decide when it is dead. The answer itself is
+	// bounded like a close, and written before the Conn's writer exists
+	// so that nothing can overtake it.
+	_ = nc.SetDeadline(time.Now().Add(opts.CloseTimeout))
+	_, werr := nc.Write(resp)
+	_ = nc.SetDeadline(time.Time{})
+	c := newConn(nc, opts)
+	defer c.finish()
+	if werr != nil {
+		c.Abort() // serve still runs: its first read fails and it cleans up
+	}
+	serve(c)
 }
 
 func acceptKey(key []byte) string {

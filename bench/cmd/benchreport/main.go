@@ -1,8 +1,10 @@
 // Command benchreport is `make bench`: it runs the private channel relay
-// against its baseline (package bench/channelbench), runs the micro
-// benchmarks of the hot path with `go test -bench`, and writes
-// bench/results/latest.md with each figure beside its baseline, the ratio
-// and the design's goal for it.
+// against its baseline (package bench/channelbench), the mailbox relay
+// against its yardsticks (package bench/mailboxbench: raw Pebble synced
+// commits, the net/http baseline, idle watch sockets in a server process
+// of their own), runs the micro benchmarks of the hot path with `go test
+// -bench`, and writes bench/results/latest.md with each figure beside its
+// baseline, the ratio and the design's goal for it.
 //
 // Run it from anywhere inside the module:
 //
@@ -28,12 +30,21 @@ import (
 	"time"
 
 	"edgerelay/bench/channelbench"
+	"edgerelay/bench/mailboxbench"
 )
 
 // microPackages are the packages whose benchmarks the report reads.
 func microPackages() []string {
 	return []string{"./fastpath/bucket/", "./fastpath/channel/control/", "./fastpath/channel/"}
 }
+
+// mailboxMicroPackage and mailboxMicroBench select the one micro benchmark
+// of bench/mailboxbench: the handlers called directly. That package's other benchmarks are the load
+// comparisons, which the report runs itself (see runMailbox).
+const (
+	mailboxMicroPackage = "./bench/mailboxbench/"
+	mailboxMicroBench   = "^BenchmarkServeHTTP$"
+)
 
 // settings are the run's knobs, from flags over QUICK-aware defaults.
 type settings struct {
@@ -43,17 +54,24 @@ type settings struct {
 	out                          string
 	timeout                      time.Duration
 	quick                        bool
+	// mailboxRound is one side's time in one round of the mailbox PUT and
+	// read comparisons; watchSockets the idle watch sockets per server.
+	mailboxRound time.Duration
+	watchSockets int
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
-	// The full run takes about 4 minutes on 2 cores, well under the 15
-	// that `make bench` may take; the quick one, a smoke test of the whole
-	// pipeline, well under 2 with a cold build cache. The timeouts only
+	// The full run takes about 6 minutes on 2 cores (the mailbox figures
+	// add 2), well under the 15 that `make bench` may take; the quick one,
+	// a smoke test of the whole pipeline, well under 2 with a cold build
+	// cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, count: 5, benchtime: "1s",
-		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick}
+		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick,
+		mailboxRound: time.Second, watchSockets: 10_000}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
+		s.mailboxRound = 500 * time.Millisecond
 	}
 	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
 	fs.IntVar(&s.rounds, "rounds", s.rounds, "rounds per relay in the channel comparison; the first is dropped")
@@ -64,6 +82,8 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.StringVar(&s.benchtime, "benchtime", s.benchtime, "go test -benchtime for the micro benchmarks")
 	fs.StringVar(&s.out, "out", s.out, "report file, relative to the module root")
 	fs.DurationVar(&s.timeout, "timeout", s.timeout, "bound on the whole run")
+	fs.DurationVar(&s.mailboxRound, "mailbox-round", s.mailboxRound, "one side's time per round in the mailbox PUT and read comparisons (rounds as -rounds)")
+	fs.IntVar(&s.watchSockets, "watch-sockets", s.watchSockets, "idle watch sockets per server in the mailbox memory figure")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -121,30 +141,24 @@ func run(s settings) error {
 			rep.Ours.Median, rep.Baseline.Median, rep.Ratio)
 	}
 
-	// The micro benchmarks run after the comparison, never beside it: on
-	// 2 cores they would measure each other.
-	args := append([]string{"test", "-run=^$", "-bench=.", "-benchmem",
-		"-count=" + fmt.Sprint(s.count), "-benchtime=" + s.benchtime}, microPackages()...)
-	fmt.Fprintf(progress, "\n== go %s\n", strings.Join(args, " "))
+	mailboxStart := time.Now()
+	mb := runMailbox(ctx, s, root, progress)
+	mailboxTook := time.Since(mailboxStart)
+
+	// The micro benchmarks run after the comparisons, never beside them:
+	// on 2 cores they would measure each other.
 	microStart := time.Now()
 	var testOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = root
-	cmd.Stdout = io.MultiWriter(&testOut, progress)
-	cmd.Stderr = progress
-	testErr := cmd.Run()
+	testErr := goBench(ctx, root, ".", s, microPackages(), &testOut, progress)
+	testErr = errors.Join(testErr, goBench(ctx, root, mailboxMicroBench, s, []string{mailboxMicroPackage}, &testOut, progress))
 	microTook := time.Since(microStart)
-	if testErr != nil {
-		// A package that fails to build or a failing benchmark leaves its
-		// rows missing; the rest of the report still stands.
-		fmt.Fprintf(progress, "go test: %v\n", testErr)
-	}
 	bench := parseBench(&testOut)
 
 	var rows []row
 	rows = append(rows, channelRows(repPtr, compareErr, bench)...)
 	rows = append(rows, bucketRows(bench)...)
 	rows = append(rows, controlRows(bench)...)
+	rows = append(rows, mailboxRows(mb, bench)...)
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
@@ -155,8 +169,11 @@ func run(s settings) error {
 		quick:     s.quick,
 		compare: fmt.Sprintf("%d rounds per relay (first dropped) of %s frames, %d phones, %d B frames, alternated; %v",
 			s.rounds, thousands(float64(s.frames)), s.phones, s.size, compareTook.Round(time.Second)),
-		micro: fmt.Sprintf("`go test -bench=. -benchmem -count=%d -benchtime=%s` on %s; %v",
-			s.count, s.benchtime, strings.Join(microPackages(), " "), microTook.Round(time.Second)),
+		mailbox: fmt.Sprintf("%d rounds per side (first dropped) of %v, alternated; PUTs of 1 KiB envelopes by 1 and 64 writers; "+
+			"HEAD and GET over 8 connections; %s idle watch sockets per server; %v",
+			s.rounds, s.mailboxRound, thousands(float64(s.watchSockets)), mailboxTook.Round(time.Second)),
+		micro: fmt.Sprintf("`go test -bench=. -benchmem -count=%d -benchtime=%s` on %s, and -bench='%s' on %s; %v",
+			s.count, s.benchtime, strings.Join(microPackages(), " "), mailboxMicroBench, mailboxMicroPackage, microTook.Round(time.Second)),
 		elapsed: time.Since(start),
 	}
 	report := render(info, rows, raw.String())
@@ -176,7 +193,72 @@ func run(s settings) error {
 			fmt.Println(line)
 		}
 	}
-	return errors.Join(compareErr, testErr)
+	return errors.Join(compareErr, mb.err(), testErr)
+}
+
+// goBench runs `go test -bench` with pattern on pkgs, its output going to
+// out and progress. A package that fails to build or a failing benchmark
+// leaves its rows missing; the rest of the report still stands.
+func goBench(ctx context.Context, root, pattern string, s settings, pkgs []string, out, progress io.Writer) error {
+	args := append([]string{"test", "-run=^$", "-bench=" + pattern, "-benchmem",
+		"-count=" + fmt.Sprint(s.count), "-benchtime=" + s.benchtime}, pkgs...)
+	fmt.Fprintf(progress, "\n== go %s\n", strings.Join(args, " "))
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.Stdout = io.MultiWriter(out, progress)
+	cmd.Stderr = progress
+	err := cmd.Run()
+	if err != nil {
+		fmt.Fprintf(progress, "go test: %v\n", err)
+	}
+	return err
+}
+
+// mailboxResults are the mailbox comparisons' reports, each with the error
+// that stopped it (its rows then say so).
+type mailboxResults struct {
+	put              mailboxbench.PutReport
+	reads            mailboxbench.ReadReport
+	watch            mailboxbench.WatchReport
+	putErr, readsErr error
+	watchErr         error
+}
+
+func (m mailboxResults) err() error { return errors.Join(m.putErr, m.readsErr, m.watchErr) }
+
+// runMailbox runs the mailbox comparisons one after the other: envelope
+// PUTs against raw Pebble, reads against the net/http baseline, then the
+// memory of idle watch sockets (its server program built first).
+func runMailbox(ctx context.Context, s settings, root string, progress io.Writer) mailboxResults {
+	var m mailboxResults
+	fmt.Fprintf(progress, "\n== mailbox envelope PUT, synced: ours over loopback HTTP vs raw Pebble, %d rounds of %v\n", s.rounds, s.mailboxRound)
+	m.put, m.putErr = mailboxbench.ComparePut(ctx, mailboxbench.PutOptions{Rounds: s.rounds, RoundTime: s.mailboxRound, Progress: progress})
+	if m.putErr != nil {
+		fmt.Fprintf(progress, "comparison failed: %v\n", m.putErr)
+	}
+	fmt.Fprintf(progress, "\n== mailbox HEAD and GET over loopback: ours vs baseline, %d rounds of %v\n", s.rounds, s.mailboxRound)
+	m.reads, m.readsErr = mailboxbench.CompareReads(ctx, mailboxbench.ReadOptions{Rounds: s.rounds, RoundTime: s.mailboxRound, Progress: progress})
+	if m.readsErr != nil {
+		fmt.Fprintf(progress, "comparison failed: %v\n", m.readsErr)
+	}
+	fmt.Fprintf(progress, "\n== mailbox idle watch sockets: ours vs baseline, %s sockets, a server process each\n", thousands(float64(s.watchSockets)))
+	m.watchErr = func() error {
+		dir, err := os.MkdirTemp("", "benchreport-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		bin, err := mailboxbench.BuildWatchmem(ctx, root, dir)
+		if err != nil {
+			return err
+		}
+		m.watch, err = mailboxbench.CompareWatchMemory(ctx, mailboxbench.WatchOptions{Binary: bin, Sockets: s.watchSockets, Progress: progress})
+		return err
+	}()
+	if m.watchErr != nil {
+		fmt.Fprintf(progress, "comparison failed: %v\n", m.watchErr)
+	}
+	return m
 }
 
 // moduleRoot is the directory of the main module's go.mod, so the report

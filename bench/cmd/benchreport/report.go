@@ -3,10 +3,12 @@ package main
 import (
 	"fmt"
 	"math"
+	"sort"
 	"strings"
 	"time"
 
 	"edgerelay/bench/channelbench"
+	"edgerelay/bench/mailboxbench"
 )
 
 // The packages whose micro benchmarks go into the report.
@@ -14,6 +16,7 @@ const (
 	pkgBucket  = "edgerelay/fastpath/bucket"
 	pkgControl = "edgerelay/fastpath/channel/control"
 	pkgChannel = "edgerelay/fastpath/channel"
+	pkgMailbox = "edgerelay/bench/mailboxbench"
 )
 
 // The goals the design sets (DESIGN.md, "The hot path"; the brief of
@@ -21,6 +24,12 @@ const (
 const (
 	goalChannelRatio = 1.3
 	goalBucketRatio  = 3.0
+	// Envelope PUTs keep this share of raw Pebble's synced commit rate,
+	// with one writer and with many.
+	goalPutOneWriter   = 0.90
+	goalPutManyWriters = 0.75
+	goalMailboxReads   = 5.0      // HEAD and GET, ours ÷ baseline
+	goalWatchBytes     = 12 << 10 // resident bytes per idle watch socket
 )
 
 // row is one line of the report's table.
@@ -154,6 +163,105 @@ func controlRows(bench benchResults) []row {
 	return rows
 }
 
+// mailboxRows are the mailbox figures: synced PUTs against raw Pebble,
+// HEAD and GET against the net/http baseline over loopback and with the
+// handlers called directly (from the micro benchmarks), and the memory of
+// an idle watch socket. The load figures are judged by the median of the
+// per-round ratios, each round having run both sides back to back: on a
+// machine shared with other work (and a disk whose sync time wanders) it
+// is the steadier of the two ratios; the ratio of the medians is shown
+// beside it.
+func mailboxRows(m mailboxResults, bench benchResults) []row {
+	var rows []row
+	if m.putErr != nil {
+		rows = append(rows, failedRow("mailbox envelope PUT comparison", m.putErr))
+	}
+	for _, f := range m.put.Figures {
+		goal, writers := goalPutManyWriters, fmt.Sprintf("%d writers, each on its own mailbox", f.Writers)
+		if f.Writers == 1 {
+			goal, writers = goalPutOneWriter, "1 writer"
+		}
+		rows = append(rows, row{
+			figure: fmt.Sprintf("mailbox envelope PUT synced before the 201, %s, %d B envelopes over loopback HTTP: writes/s "+
+				"(baseline: raw Pebble, one Set of the same key and value sizes per batch, applied with pebble.Sync on the same disk)",
+				writers, m.put.Options.EnvelopeSize),
+			ours:     thousands(f.OursMedian),
+			baseline: thousands(f.PebbleMedian),
+			ratio:    fmt.Sprintf("%s = %.0f%% (ratio of the medians %s)", times(f.RoundRatio), 100*f.RoundRatio, times(f.Ratio)),
+			goal:     verdict(fmt.Sprintf("≥ %.0f%% of raw Pebble", 100*goal), f.RoundRatio >= goal),
+		})
+	}
+	if m.readsErr != nil {
+		rows = append(rows, failedRow("mailbox HEAD and GET comparison", m.readsErr))
+	}
+	for _, f := range m.reads.Figures {
+		rows = append(rows, row{
+			figure: fmt.Sprintf("mailbox %s over loopback, requests/s (%d connections, one request in flight each; "+
+				"baseline: net/http over the same store)", f.Name, m.reads.Options.Conns),
+			ours:     thousands(f.OursMedian),
+			baseline: thousands(f.BaselineMedian),
+			ratio:    fmt.Sprintf("%s (ratio of the medians %s)", times(f.RoundRatio), times(f.Ratio)),
+			goal:     verdict(fmt.Sprintf("≥ %.0f×", goalMailboxReads), f.RoundRatio >= goalMailboxReads),
+		})
+	}
+	for _, c := range []struct{ slug, name string }{{"head-direction", "HEAD of a direction"}, {"get-envelope", "GET of one envelope"}} {
+		name := "BenchmarkServeHTTP/" + c.slug
+		oursNs, ok := bench.median(pkgMailbox, name+"/ours", "ns/op")
+		baseNs, ok2 := bench.median(pkgMailbox, name+"/baseline", "ns/op")
+		if !ok || !ok2 {
+			rows = append(rows, row{figure: "mailbox " + c.name + ", handler called directly", ours: "missing",
+				baseline: "missing", ratio: "—", goal: "no result (see the raw output)"})
+			continue
+		}
+		oursAllocs, _ := bench.median(pkgMailbox, name+"/ours", "allocs/op")
+		baseAllocs, _ := bench.median(pkgMailbox, name+"/baseline", "allocs/op")
+		ratio := baseNs / oursNs
+		goal, met := fmt.Sprintf("≥ %.0f×", goalMailboxReads), ratio >= goalMailboxReads
+		if c.slug == "head-direction" {
+			goal, met = goal+", 0 allocs", met && oursAllocs == 0
+		}
+		rows = append(rows, row{
+			figure:   "mailbox " + c.name + ", handler called directly (no server, no socket; net/http's own per-request cost left out of the baseline)",
+			ours:     perOp(oursNs, oursAllocs),
+			baseline: perOp(baseNs, baseAllocs),
+			ratio:    times(ratio),
+			goal:     verdict(goal, met),
+		})
+	}
+	if m.watchErr != nil {
+		rows = append(rows, failedRow("mailbox idle watch socket memory", m.watchErr))
+	} else if len(m.watch.Ours) > 0 {
+		o, b := medianWatch(m.watch.Ours), medianWatch(m.watch.Baseline)
+		rows = append(rows, row{
+			figure: fmt.Sprintf("mailbox idle watch socket, resident memory per socket with %s open (server in a process of its own; "+
+				"baseline: net/http + gorilla/websocket)", thousands(float64(m.watch.Options.Sockets))),
+			ours:     watchCell(o),
+			baseline: watchCell(b),
+			ratio:    times(m.watch.Ratio),
+			goal:     verdict(fmt.Sprintf("≤ %d KiB per socket", goalWatchBytes>>10), m.watch.OursMedian <= goalWatchBytes),
+		})
+	}
+	return rows
+}
+
+func failedRow(what string, err error) row {
+	return row{figure: what, ours: "failed", baseline: "failed", ratio: "—", goal: fmt.Sprintf("error: %v", err)}
+}
+
+// medianWatch is the round whose bytes per socket are the median's (the
+// lower middle one for an even count), so that its breakdown is shown.
+func medianWatch(sides []mailboxbench.WatchSide) mailboxbench.WatchSide {
+	s := append([]mailboxbench.WatchSide(nil), sides...)
+	sort.Slice(s, func(i, j int) bool { return s[i].PerSocket < s[j].PerSocket })
+	return s[(len(s)-1)/2]
+}
+
+// watchCell is bytes per socket, then what the runtime says they are.
+func watchCell(s mailboxbench.WatchSide) string {
+	return fmt.Sprintf("%.1f KiB (stacks %.1f, heap %.1f KiB; %.2f goroutines)",
+		s.PerSocket/1024, s.StackPerSocket/1024, s.HeapPerSocket/1024, s.GoroutinesPerSocket)
+}
+
 // runInfo is the report's header: what ran where, and for how long.
 type runInfo struct {
 	date      time.Time
@@ -164,6 +272,7 @@ type runInfo struct {
 	osArch    string
 	quick     bool
 	compare   string // what the comparison ran
+	mailbox   string // what the mailbox comparisons ran
 	micro     string // what the micro benchmarks ran
 	elapsed   time.Duration
 }
@@ -181,6 +290,7 @@ func render(info runInfo, rows []row, raw string) string {
 	fmt.Fprintf(&b, "- Go: %s\n", info.goVersion)
 	fmt.Fprintf(&b, "- Run: %s, %v in all\n", mode, info.elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "  - channel comparison: %s\n", info.compare)
+	fmt.Fprintf(&b, "  - mailbox comparisons: %s\n", info.mailbox)
 	fmt.Fprintf(&b, "  - micro benchmarks: %s\n", info.micro)
 	b.WriteString("\nRatio is how many times better ours is: ours ÷ baseline for rates, " +
 		"baseline ÷ ours for times and allocations. Per-operation cells are the median over " +

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"edgerelay/bench/channelbench"
+	"edgerelay/bench/mailboxbench"
 )
 
 const sampleOutput = `goos: linux
@@ -88,5 +90,80 @@ func TestQuickDefaults(t *testing.T) {
 	s, err = parseSettings([]string{"-rounds=5"}, true)
 	if err != nil || s.rounds != 5 {
 		t.Fatalf("an explicit flag should win over QUICK: %+v %v", s, err)
+	}
+}
+
+const mailboxOutput = `pkg: edgerelay/bench/mailboxbench
+BenchmarkServeHTTP/head-direction/ours-2         	  709639	       300.0 ns/op	       0 B/op	       0 allocs/op
+BenchmarkServeHTTP/head-direction/baseline-2     	  136752	      1800 ns/op	     386 B/op	      11 allocs/op
+BenchmarkServeHTTP/get-envelope/ours-2           	  228418	      1000 ns/op	     160 B/op	       2 allocs/op
+BenchmarkServeHTTP/get-envelope/baseline-2       	   73592	      4000 ns/op	    1544 B/op	      13 allocs/op
+`
+
+func TestMailboxRows(t *testing.T) {
+	bench := parseBench(strings.NewReader(mailboxOutput))
+	m := mailboxResults{
+		put: mailboxbench.PutReport{
+			Options: mailboxbench.PutOptions{EnvelopeSize: 1024},
+			Figures: []mailboxbench.PutFigure{
+				{Writers: 1, OursMedian: 4600, PebbleMedian: 5000, Ratio: 0.92, RoundRatio: 0.91},
+				{Writers: 64, OursMedian: 20000, PebbleMedian: 40000, Ratio: 0.5, RoundRatio: 0.52},
+			},
+		},
+		reads: mailboxbench.ReadReport{
+			Options: mailboxbench.ReadOptions{Conns: 8},
+			Figures: []mailboxbench.ReadFigure{{Name: "HEAD of a direction", OursMedian: 90000, BaselineMedian: 45000, Ratio: 2, RoundRatio: 2.1}},
+		},
+		watch: mailboxbench.WatchReport{
+			Options:    mailboxbench.WatchOptions{Sockets: 10000},
+			Ours:       []mailboxbench.WatchSide{{PerSocket: 20480, StackPerSocket: 6144, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
+			Baseline:   []mailboxbench.WatchSide{{PerSocket: 30720, StackPerSocket: 15360, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
+			OursMedian: 20480, BaselineMedian: 30720, Ratio: 1.5,
+		},
+	}
+	out := render(runInfo{date: time.Unix(0, 0)}, mailboxRows(m, bench), "")
+	for _, want := range []string{
+		"1 writer, 1024 B envelopes over loopback HTTP: writes/s",
+		"| 4,600 | 5,000 | 0.91× = 91% (ratio of the medians 0.92×) | ≥ 90% of raw Pebble — met |",
+		"64 writers, each on its own mailbox",
+		"| 20,000 | 40,000 | 0.52× = 52% (ratio of the medians 0.50×) | ≥ 75% of raw Pebble — **not met** |",
+		"| mailbox HEAD of a direction over loopback, requests/s (8 connections, one request in flight each; baseline: net/http over the same store) | 90,000 | 45,000 | 2.10× (ratio of the medians 2.00×) | ≥ 5× — **not met** |",
+		"| 300.0 ns, 0 allocs | 1.80 µs, 11 allocs | 6.00× | ≥ 5×, 0 allocs — met |",
+		"| 1.00 µs, 2 allocs | 4.00 µs, 13 allocs | 4.00× | ≥ 5× — **not met** |",
+		"with 10,000 open",
+		"| 20.0 KiB (stacks 6.0, heap 15.0 KiB; 2.00 goroutines) | 30.0 KiB (stacks 15.0, heap 15.0 KiB; 2.00 goroutines) | 1.50× | ≤ 12 KiB per socket — **not met** |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q\n%s", want, out)
+		}
+	}
+}
+
+// A comparison that failed says so in its row; the others still report.
+func TestMailboxRowsFailures(t *testing.T) {
+	m := mailboxResults{putErr: errors.New("disk"), readsErr: errors.New("boom"), watchErr: errors.New("fork")}
+	out := render(runInfo{date: time.Unix(0, 0)}, mailboxRows(m, parseBench(strings.NewReader(mailboxOutput))), "")
+	for _, want := range []string{
+		"| mailbox envelope PUT comparison | failed | failed | — | error: disk |",
+		"| mailbox HEAD and GET comparison | failed | failed | — | error: boom |",
+		"| mailbox idle watch socket memory | failed | failed | — | error: fork |",
+		"| 300.0 ns, 0 allocs | 1.80 µs, 11 allocs | 6.00× | ≥ 5×, 0 allocs — met |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q\n%s", want, out)
+		}
+	}
+	if m.err() == nil {
+		t.Error("the failures are not returned")
+	}
+}
+
+func TestMedianWatch(t *testing.T) {
+	sides := []mailboxbench.WatchSide{{PerSocket: 3}, {PerSocket: 1}, {PerSocket: 2}, {PerSocket: 9}}
+	if got := medianWatch(sides).PerSocket; got != 2 {
+		t.Errorf("median round has %v bytes per socket, want the lower middle 2", got)
+	}
+	if sides[0].PerSocket != 3 {
+		t.Error("medianWatch reordered its argument")
 	}
 }

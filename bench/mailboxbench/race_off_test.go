@@ -1,0 +1,5 @@
+//go:build !race
+
+package mailboxbench
+
+const raceEnabled = false

@@ -1,0 +1,292 @@
+// Package mailboxbench measures the mailbox relay (fastpath/mailbox) beside
+// the yardsticks DESIGN.md names, each measured in the same run on the same
+// machine, so that the ratios, not the absolute figures, are what counts:
+//
+//   - ComparePut: envelope PUTs over loopback HTTP, each synced to disk
+//     before its 201, against raw Pebble commits of the same key and value
+//     sizes with pebble.Sync: how much of the disk's synced-write ceiling
+//     the request path leaves.
+//   - CompareReads: HEAD of a direction and GET of one envelope against the
+//     plain net/http baseline in bench/baseline/mailbox over the same
+//     store, both over loopback and with the handlers called directly.
+//   - CompareWatchMemory: the memory one idle watch socket costs, ours and
+//     the baseline's, each in a server process of its own
+//     (cmd/watchmem) holding thousands of sockets.
+//
+// Each comparison alternates the two sides round by round (package abtest)
+// and reports medians over the counted rounds.
+package mailboxbench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	baseline "edgerelay/bench/baseline/mailbox"
+	"edgerelay/fastpath/mailbox"
+	"edgerelay/fastpath/server"
+	"edgerelay/store"
+)
+
+// The benchmark's app and the bearer every benchmark mailbox is claimed
+// with (the shape of a real access token: 43 characters of base64url).
+const (
+	app   = "bench"
+	token = "0EYRkGol3d-VPLYMV3HgU6CKew_tXpQRFjkC_sk3fCE"
+)
+
+// mailboxID is the i-th benchmark mailbox's id, 22 characters like a real
+// link id, so that keys have their production length.
+func mailboxID(i int) string { return fmt.Sprintf("bench%017d", i) }
+
+// mailboxName is the store's name of the i-th mailbox, "<app>/<id>".
+func mailboxName(i int) string { return app + "/" + mailboxID(i) }
+
+// mailboxPath is the URL path of the i-th mailbox.
+func mailboxPath(i int) string { return "/v1/" + app + "/mailbox/" + mailboxID(i) }
+
+// envelope writes an envelope of size bytes (at least 25) with sequence
+// seq into dst's storage: the relay checks only the version byte and the
+// sequence, so the ciphertext is filler.
+func envelope(dst []byte, seq uint64, size int) []byte {
+	dst = append(dst[:0], make([]byte, size)...)
+	dst[0] = 0x01
+	binary.BigEndian.PutUint64(dst[1:9], seq)
+	for i := 9; i < size; i++ {
+		dst[i] = byte(i)
+	}
+	return dst
+}
+
+// stepClock is the relays' clock in these benchmarks: every reading moves
+// it one second on, so every request finds its mailbox's rate-limit
+// buckets refilled (2 envelopes and 4 fetches per second) and the limits
+// never refuse a benchmark at any speed, while the buckets are still
+// consulted as in production. That holds as long as no two requests in
+// flight share a mailbox (see readOp): every writer and every connection
+// has mailboxes of its own. The relays' idle timeout is set far beyond
+// what a run can reach on this clock.
+type stepClock struct{ ns atomic.Int64 }
+
+func newStepClock() *stepClock {
+	c := &stepClock{}
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *stepClock) Now() time.Time { return time.Unix(0, c.ns.Add(int64(time.Second))) }
+
+// idleForever is RELAY_IDLE for the benchmark relays: a hundred years of
+// the step clock is three billion requests.
+const idleForever = 100 * 365 * 24 * time.Hour
+
+// relay is one server under test, listening on loopback.
+type relay struct {
+	name  string
+	addr  string // host:port
+	close func() error
+}
+
+// ourConfig is the mailbox handler as the binary configures it, but for
+// the clock and the idle timeout (see stepClock) and the per-direction
+// caps, lifted so that rounds of synced writes into one mailbox never fill
+// it: the cap checks still run on every write.
+func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
+	return mailbox.Config{
+		Store:          log,
+		Apps:           map[string]mailbox.App{app: {Name: app}},
+		Idle:           idleForever,
+		MaxStored:      1 << 30,
+		MaxStoredBytes: 1 << 40,
+		Now:            now,
+	}
+}
+
+// startOurs serves our handler through fastpath/server, the listener the
+// binary uses (fasthttp with its buffer sizes, timeouts and JSON error
+// answers), with the binary's default timeouts and header limit and no
+// connection caps (a cap of 1,000 per IP would refuse the memory figure's
+// sockets, which all come from 127.0.0.1).
+func startOurs(log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.Handler, error) {
+	h, err := mailbox.New(ourConfig(log, now))
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := server.Listen(server.Service{
+		Name:           "mailbox",
+		Addr:           "127.0.0.1:0",
+		Handler:        h.ServeHTTP,
+		HeaderTimeout:  10 * time.Second,
+		IdleTimeout:    120 * time.Second,
+		MaxHeaderBytes: 8192,
+		MaxBodyBytes:   65536 + 4096,
+		Drain:          h.Drain,
+	}, noCounters{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, nil, err
+	}
+	served := make(chan error, 1)
+	go func() { served <- l.Serve() }()
+	return &relay{
+		name: "ours",
+		addr: l.Addr().String(),
+		close: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := l.Shutdown(ctx)
+			return errors.Join(err, <-served)
+		},
+	}, h, nil
+}
+
+// startBaseline serves the net/http baseline with the same timeouts and
+// header limit.
+func startBaseline(log *store.EnvelopeLog, now func() time.Time) (*relay, *baseline.Handler, error) {
+	h := baseline.New(baseline.Config{Store: log, Apps: []string{app}, Now: now})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    8192,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	return &relay{
+		name: "baseline",
+		addr: ln.Addr().String(),
+		close: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			h.CloseSockets()
+			err := srv.Shutdown(ctx)
+			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+				err = errors.Join(err, serr)
+			}
+			return err
+		},
+	}, h, nil
+}
+
+type noCounters struct{}
+
+func (noCounters) Refused(string) {}
+
+// seed claims mailboxes 0..n-1 with the benchmark token straight in the
+// store and stores envelopes 1..stored of size bytes in each one's p2c
+// direction. Mailboxes are seeded concurrently so that their synced
+// commits share syncs.
+func seed(log *store.EnvelopeLog, now func() time.Time, n, stored, size int) error {
+	hash := store.Hash(sha256.Sum256([]byte(token)))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			name := mailboxName(i)
+			rec := store.MailboxRecord{Token: hash, LastActive: now().UnixNano()}
+			if err := log.Claim(name, rec, 0, true); err != nil {
+				errs[i] = err
+				return
+			}
+			var env []byte
+			for seq := uint64(1); seq <= uint64(stored); seq++ {
+				prev := rec.LastActive
+				rec.LastActive = now().UnixNano()
+				env = envelope(env, seq, size)
+				if err := log.Put(name, store.DirP2C, seq, env, rec, prev); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// newClient is the load generator's HTTP client for one relay: fasthttp's
+// keep-alive client, the same for both sides, allocation-free per request
+// so that the client's share of the two cores stays small.
+func newClient(addr string, conns int) *fasthttp.HostClient {
+	return &fasthttp.HostClient{
+		Addr:                     addr,
+		MaxConns:                 conns,
+		ReadTimeout:              10 * time.Second,
+		WriteTimeout:             10 * time.Second,
+		NoDefaultUserAgentHeader: true,
+	}
+}
+
+// load runs workers goroutines, each calling the op newOp made for it
+// until d has passed, ctx ends or an op fails, and returns the completed
+// ops per second over the time until the last worker stopped.
+func load(ctx context.Context, d time.Duration, workers int, newOp func(worker int) func() error) (float64, error) {
+	var deadline time.Time
+	return drive(ctx, workers, newOp, func() bool { return time.Now().Before(deadline) }, func(start time.Time) {
+		deadline = start.Add(d)
+	})
+}
+
+// loadN is load for exactly n ops in all, for benchmarks' b.N.
+func loadN(ctx context.Context, n, workers int, newOp func(worker int) func() error) (float64, error) {
+	var left atomic.Int64
+	left.Store(int64(n))
+	return drive(ctx, workers, newOp, func() bool { return left.Add(-1) >= 0 }, func(time.Time) {})
+}
+
+// drive makes every worker's op first (dials, buffers), calls started
+// with the start time, then runs the workers while more says so.
+func drive(ctx context.Context, workers int, newOp func(worker int) func() error, more func() bool, started func(time.Time)) (float64, error) {
+	ops := make([]func() error, workers)
+	for w := range ops {
+		ops[w] = newOp(w)
+	}
+	counts := make([]int, workers)
+	errs := make([]error, workers)
+	start := time.Now()
+	started(start)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			for ctx.Err() == nil && more() {
+				if err := ops[w](); err != nil {
+					errs[w] = err
+					break
+				}
+				n++
+			}
+			counts[w] = n
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	return float64(total) / elapsed.Seconds(), nil
+}
