@@ -109,6 +109,7 @@ func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
 		MaxStored:      1 << 30,
 		MaxStoredBytes: 1 << 40,
 		Now:            now,
+		DetachSockets:  true, // as the binary serves them
 	}
 }
 
@@ -123,14 +124,15 @@ func startOurs(log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.H
 		return nil, nil, err
 	}
 	l, err := server.Listen(server.Service{
-		Name:           "mailbox",
-		Addr:           "127.0.0.1:0",
-		Handler:        h.ServeHTTP,
-		HeaderTimeout:  10 * time.Second,
-		IdleTimeout:    120 * time.Second,
-		MaxHeaderBytes: 8192,
-		MaxBodyBytes:   65536 + 4096,
-		Drain:          h.Drain,
+		Name:              "mailbox",
+		Addr:              "127.0.0.1:0",
+		Handler:           h.ServeHTTP,
+		KeepHijackedConns: true,
+		HeaderTimeout:     10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    8192,
+		MaxBodyBytes:      65536 + 4096,
+		Drain:             h.Drain,
 	}, noCounters{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, nil, err
