@@ -134,17 +134,20 @@ func (l *EnvelopeLog) Claim(name string, r MailboxRecord, prevActive int64, fres
 	return l.db.Commit(b)
 }
 
-// Put stores one envelope and moves the mailbox's LastActive, durably.
-func (l *EnvelopeLog) Put(name string, dir byte, seq uint64, env []byte, r MailboxRecord, prevActive int64) error {
+// Put stores one envelope durably and, when touch is not nil, moves the
+// mailbox's LastActive (from prevActive) in the same batch.
+func (l *EnvelopeLog) Put(name string, dir byte, seq uint64, env []byte, touch *MailboxRecord, prevActive int64) error {
 	b := l.db.NewBatch()
 	var kb [maxEnvelopeKey]byte
 	if err := b.Set(EnvelopeKey(kb[:0], name, dir, seq), env); err != nil {
 		b.Discard()
 		return err
 	}
-	if err := l.setRecord(b, name, r, prevActive); err != nil {
-		b.Discard()
-		return err
+	if touch != nil {
+		if err := l.setRecord(b, name, *touch, prevActive); err != nil {
+			b.Discard()
+			return err
+		}
 	}
 	return l.db.Commit(b)
 }

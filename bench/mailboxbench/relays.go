@@ -213,7 +213,7 @@ func seed(log *store.EnvelopeLog, now func() time.Time, n, stored, size int) err
 				prev := rec.LastActive
 				rec.LastActive = now().UnixNano()
 				env = envelope(env, seq, size)
-				if err := log.Put(name, store.DirP2C, seq, env, rec, prev); err != nil {
+				if err := log.Put(name, store.DirP2C, seq, env, &rec, prev); err != nil {
 					errs[i] = err
 					return
 				}

@@ -115,12 +115,16 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	d.inflight[r.seq] = done
 	d.reservedCount++
 	d.reservedBytes += len(env)
-	prev := m.rec.LastActive
-	rec := store.MailboxRecord{Token: m.rec.Token, LastActive: now}
 	m.rec.LastActive = now
+	var touch *store.MailboxRecord
+	prev := m.persisted
+	if now-m.persisted >= h.touchEvery() {
+		touch = &store.MailboxRecord{Token: m.rec.Token, LastActive: now}
+		m.persisted = now
+	}
 	m.mu.Unlock()
 
-	err = h.cfg.Store.Put(m.name, r.dir, r.seq, env, rec, prev)
+	err = h.cfg.Store.Put(m.name, r.dir, r.seq, env, touch, prev)
 
 	m.mu.Lock()
 	delete(d.inflight, r.seq)

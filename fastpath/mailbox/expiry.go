@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"edgerelay/fastpath/ws"
+	"edgerelay/store"
 )
 
 // pushSenders is how many pushes may be in flight at once.
@@ -74,16 +75,24 @@ func (h *Handler) ExpireIdle(now int64) int {
 			h.log.Error("expiry load failed", "err", err)
 			continue
 		}
-		if !m.exists || m.rec.LastActive != at && !h.expired(m, now) {
-			// A stale index entry (the mailbox was written since, or is
-			// gone): drop the entry alone.
+		switch {
+		case !m.exists || (at != m.persisted && !h.expired(m, now)):
+			// A stale index entry (the mailbox was claimed or written
+			// since, or is gone): drop the entry alone.
 			if err := h.cfg.Store.DropIdle(at, name); err != nil {
 				h.log.Error("idle index cleanup failed", "err", err)
 			}
 			m.mu.Unlock()
 			continue
-		}
-		if !h.expired(m, now) {
+		case !h.expired(m, now):
+			// Written since, but not yet persisted: persist it now, which
+			// moves its index entry forward.
+			rec := store.MailboxRecord{Token: m.rec.Token, LastActive: m.rec.LastActive}
+			if err := h.cfg.Store.Claim(name, rec, at, false); err != nil {
+				h.log.Error("idle touch failed", "err", err)
+			} else {
+				m.persisted = rec.LastActive
+			}
 			m.mu.Unlock()
 			continue
 		}

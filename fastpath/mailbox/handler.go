@@ -225,6 +225,13 @@ func (h *Handler) take(ctx *fasthttp.RequestCtx, set interface {
 	return ok
 }
 
+// touchEvery is how far a mailbox's last activity may run ahead of what
+// the store holds: a crash can make a mailbox expire that much early. A
+// hundredth of RELAY_IDLE, at most a minute.
+func (h *Handler) touchEvery() int64 {
+	return min(int64(h.cfg.Idle)/100, int64(time.Minute))
+}
+
 // expired reports whether a loaded mailbox has been idle too long (mu held).
 func (h *Handler) expired(m *mailbox, now int64) bool {
 	return m.exists && now-m.rec.LastActive > int64(h.cfg.Idle)
@@ -278,14 +285,13 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 			errTaken.answer(ctx)
 			return
 		}
-		// A heartbeat: restarts the idle timer like a write.
-		prev := m.rec.LastActive
+		// A heartbeat: restarts the idle timer like a write, durably.
 		rec := store.MailboxRecord{Token: tok, LastActive: now}
-		if err := h.cfg.Store.Claim(m.name, rec, prev, false); err != nil {
+		if err := h.cfg.Store.Claim(m.name, rec, m.persisted, false); err != nil {
 			h.internal(ctx, err)
 			return
 		}
-		m.rec = rec
+		m.rec, m.persisted = rec, now
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 		return
 	}
@@ -303,7 +309,7 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 		h.internal(ctx, err)
 		return
 	}
-	m.exists, m.rec = true, rec
+	m.exists, m.rec, m.persisted = true, rec, now
 	for i := range m.dirs {
 		m.dirs[i].loaded = false
 	}

@@ -588,3 +588,23 @@ func TestSilentWatcherClosed(t *testing.T) {
 		t.Fatalf("silent watcher: %v", err)
 	}
 }
+
+// TestWriteKeepsMailboxBetweenPersistedTouches: a write moves the idle
+// timer at once even when it is not yet persisted (most writes store one
+// key); the sweep persists it instead of erasing the mailbox.
+func TestWriteKeepsMailboxBetweenPersistedTouches(t *testing.T) {
+	r := start(t, opts{idle: time.Hour})
+	r.claim("notes")
+	r.clock.advance(10 * time.Second) // under a hundredth of the idle time
+	expect(t, r.put("notes", "p2c", 1, envelope(1, 3, 1)), 201, "")
+	r.clock.advance(time.Hour - 5*time.Second) // 1h+5s after the claim, 1h-5s after the write
+	if n := r.h.ExpireIdle(r.clock.now().UnixNano()); n != 0 {
+		t.Fatalf("erased %d mailboxes written within the idle time", n)
+	}
+	expect(t, r.do("HEAD", mb("notes")+"/p2c/1", token, nil), 200, "")
+	r.clock.advance(10 * time.Second)
+	expect(t, r.do("HEAD", mb("notes")+"/p2c/1", token, nil), 404, "")
+	if n := r.h.ExpireIdle(r.clock.now().UnixNano()); n != 1 {
+		t.Fatalf("erased %d, want 1", n)
+	}
+}

@@ -18,13 +18,17 @@ type mailbox struct {
 	name string
 	key  uint64 // hash of name, for the rate-limit buckets
 
-	mu      sync.Mutex
-	loaded  bool
-	exists  bool
-	rec     store.MailboxRecord
-	dirs    [2]direction
-	signal  signalSides
-	lastUse int64 // unix ns of the last request, for cache eviction
+	mu     sync.Mutex
+	loaded bool
+	exists bool
+	rec    store.MailboxRecord
+	// persisted is the LastActive the store holds (and its idle index is
+	// keyed by). Writes move rec.LastActive at once but persist it only
+	// when it has moved by touchEvery, so most writes are one key.
+	persisted int64
+	dirs      [2]direction
+	signal    signalSides
+	lastUse   int64 // unix ns of the last request, for cache eviction
 }
 
 // direction is one direction's state.
@@ -141,7 +145,7 @@ func (m *mailbox) load(log *store.EnvelopeLog) error {
 	case err != nil:
 		return fmt.Errorf("mailbox: load %s: %w", m.name, err)
 	default:
-		m.exists, m.rec = true, rec
+		m.exists, m.rec, m.persisted = true, rec, rec.LastActive
 	}
 	m.loaded = true
 	return nil

@@ -426,7 +426,7 @@ func (h *Handler) put(w http.ResponseWriter, r *http.Request, name string, dir b
 		return
 	}
 	now := h.now().UnixNano()
-	if err := h.log.Put(name, dir, seq, env, store.MailboxRecord{Token: rec.Token, LastActive: now}, rec.LastActive); err != nil {
+	if err := h.log.Put(name, dir, seq, env, &store.MailboxRecord{Token: rec.Token, LastActive: now}, rec.LastActive); err != nil {
 		writeError(w, http.StatusInternalServerError, "internal")
 		return
 	}
