@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -52,10 +53,17 @@ type MailboxRecord struct {
 // serializes the state changes of one mailbox, and Pebble orders the rest.
 type EnvelopeLog struct {
 	db *DB
+	// keys pools envelope-key buffers: a key handed to Pebble escapes, so
+	// a stack buffer would be one allocation per read.
+	keys sync.Pool
 }
 
 // NewEnvelopeLog returns the mailbox keyspace of db.
-func NewEnvelopeLog(db *DB) *EnvelopeLog { return &EnvelopeLog{db: db} }
+func NewEnvelopeLog(db *DB) *EnvelopeLog {
+	l := &EnvelopeLog{db: db}
+	l.keys.New = func() any { return new([maxEnvelopeKey]byte) }
+	return l
+}
 
 // EnvelopeKey appends the key of one envelope to dst (no allocation when
 // dst has room for maxEnvelopeKey bytes).
@@ -155,7 +163,8 @@ func (l *EnvelopeLog) Put(name string, dir byte, seq uint64, env []byte, touch *
 // Envelope calls fn with the stored bytes of one envelope (valid only
 // during fn) and reports whether it exists.
 func (l *EnvelopeLog) Envelope(name string, dir byte, seq uint64, fn func(env []byte)) (bool, error) {
-	var kb [maxEnvelopeKey]byte
+	kb := l.keys.Get().(*[maxEnvelopeKey]byte)
+	defer l.keys.Put(kb)
 	v, closer, err := l.db.pdb.Get(EnvelopeKey(kb[:0], name, dir, seq))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
@@ -170,6 +179,25 @@ func (l *EnvelopeLog) Envelope(name string, dir byte, seq uint64, fn func(env []
 		return false, fmt.Errorf("store: get envelope: %w", err)
 	}
 	return true, nil
+}
+
+// AppendEnvelope appends the stored bytes of one envelope to dst and
+// reports whether it exists (no allocation when dst has room).
+func (l *EnvelopeLog) AppendEnvelope(dst []byte, name string, dir byte, seq uint64) ([]byte, bool, error) {
+	kb := l.keys.Get().(*[maxEnvelopeKey]byte)
+	defer l.keys.Put(kb)
+	v, closer, err := l.db.pdb.Get(EnvelopeKey(kb[:0], name, dir, seq))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return dst, false, nil
+	}
+	if err != nil {
+		return dst, false, fmt.Errorf("store: get envelope: %w", err)
+	}
+	dst = append(dst, v...)
+	if err := closer.Close(); err != nil {
+		return dst, false, fmt.Errorf("store: get envelope: %w", err)
+	}
+	return dst, true, nil
 }
 
 // Scan calls fn for every envelope of a direction with a sequence above

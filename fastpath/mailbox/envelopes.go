@@ -155,11 +155,20 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 
 // getOne is GET and HEAD of …/<dir>/<seq>.
 func (h *Handler) getOne(ctx *fasthttp.RequestCtx, m *mailbox, r route, head bool) {
-	var fn func([]byte)
-	if !head {
-		fn = func(env []byte) { ctx.SetBody(env) }
+	var found bool
+	var err error
+	if head {
+		found, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, nil)
+	} else {
+		var body []byte
+		// Setting an empty body takes fasthttp's pooled body buffer, so
+		// the envelope is copied into memory that is reused.
+		ctx.Response.SetBody(nil)
+		body, found, err = h.cfg.Store.AppendEnvelope(ctx.Response.Body()[:0], m.name, r.dir, r.seq)
+		if found {
+			ctx.Response.SetBody(body)
+		}
 	}
-	found, err := h.cfg.Store.Envelope(m.name, r.dir, r.seq, fn)
 	switch {
 	case err != nil:
 		h.internal(ctx, err)
