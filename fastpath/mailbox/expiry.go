@@ -8,9 +8,6 @@ import (
 	"edgerelay/store"
 )
 
-// pushSenders is how many pushes may be in flight at once.
-const pushSenders = 8
-
 // cacheIdle is how long an unused mailbox stays in memory.
 const cacheIdle = 10 * time.Minute
 

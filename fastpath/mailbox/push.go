@@ -37,8 +37,10 @@ const (
 	defaultAlert        = "New message"
 	// pushQueue bounds the pushes waiting to be sent; past it a push is
 	// skipped (pushes are best-effort and never delay a write).
-	pushQueue   = 1024
+	pushQueue   = 4096
 	pushTimeout = 15 * time.Second
+	// pushInFlight bounds the pushes sent at once.
+	pushInFlight = 256
 )
 
 // registration is a validated push registration, what is sealed at rest.
@@ -312,23 +314,27 @@ func (h *Handler) schedulePush(m *mailbox, r route, tok []byte, notify []byte, n
 	}
 }
 
-// SendPushes runs the push senders until ctx ends (Run starts it; tests
-// that need pushes without the sweeper start it alone). A few run in
-// parallel so that one slow provider does not hold up the others.
+// SendPushes sends queued wake-ups until ctx ends (Run starts it; tests
+// that need pushes without the sweeper start it alone). Up to
+// pushInFlight pushes run at once: a provider answers in tens of
+// milliseconds and APNs multiplexes hundreds of streams on one HTTP/2
+// connection, so the rate is bounded by concurrency over the round trip.
 func (h *Handler) SendPushes(ctx context.Context) {
-	for range pushSenders - 1 {
-		go h.sendLoop(ctx)
-	}
-	h.sendLoop(ctx)
-}
-
-func (h *Handler) sendLoop(ctx context.Context) {
+	slots := make(chan struct{}, pushInFlight)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case job := <-h.pushJobs:
-			h.sendPush(ctx, job)
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			go func() {
+				defer func() { <-slots }()
+				h.sendPush(ctx, job)
+			}()
 		}
 	}
 }

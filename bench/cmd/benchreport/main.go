@@ -2,16 +2,21 @@
 // against its baseline (package bench/channelbench), the mailbox relay
 // against its yardsticks (package bench/mailboxbench: raw Pebble synced
 // commits, the net/http baseline, idle watch sockets in a server process
-// of their own), runs the micro benchmarks of the hot path with `go test
-// -bench`, and writes bench/results/latest.md with each figure beside its
-// baseline, the ratio and the design's goal for it.
+// of their own), the mailbox's signal forwarding against its net/http +
+// gorilla/websocket baseline (package bench/signalbench, each relay in a
+// process of its own), our TURN server against coturn (package
+// bench/turnbench), runs the micro benchmarks of the hot path and the
+// push benchmarks (mailbox push fan-out, push gateway /send, both to the
+// fake APNs) with `go test -bench`, and writes bench/results/latest.md
+// with each figure beside its baseline, the ratio and the design's goal
+// for it.
 //
 // Run it from anywhere inside the module:
 //
 //	go run ./bench/cmd/benchreport [flags]
 //
-// QUICK=1 in the environment shortens every default (about a minute in
-// all) for a smoke run; flags given explicitly still win.
+// QUICK=1 in the environment shortens every default (well under two
+// minutes in all) for a smoke run; flags given explicitly still win.
 package main
 
 import (
@@ -38,13 +43,50 @@ func microPackages() []string {
 	return []string{"./fastpath/bucket/", "./fastpath/channel/control/", "./fastpath/channel/"}
 }
 
-// mailboxMicroPackage and mailboxMicroBench select the one micro benchmark
-// of bench/mailboxbench: the handlers called directly. That package's other benchmarks are the load
-// comparisons, which the report runs itself (see runMailbox).
+// The benchmarks of the bench packages that the report reads, each
+// selected alone: those packages' other benchmarks are the load
+// comparisons, which the report runs itself (see runMailbox, runSignal).
 const (
+	// mailboxMicroBench calls the mailbox handlers directly.
 	mailboxMicroPackage = "./bench/mailboxbench/"
 	mailboxMicroBench   = "^BenchmarkServeHTTP$"
+	// signalMicroBench is one signal round trip with raw clients in one
+	// process: the relay's allocations per frame, exactly.
+	signalMicroPackage = "./bench/signalbench/"
+	signalMicroBench   = "^BenchmarkSignalRoundTrip$"
+	// The push benchmarks: writes with X-Relay-Notify through the mailbox
+	// handler, and POST /send through the push gateway, to the fake APNs.
+	pushFanoutPackage = "./bench/pushbench/"
+	pushFanoutBench   = "^BenchmarkPushFanout$"
+	pushgwPackage     = "./bench/pushgwbench/"
+	pushgwBench       = "^BenchmarkSendAPNs$"
 )
+
+// benchRun is one `go test -bench` invocation.
+type benchRun struct {
+	pattern   string
+	pkgs      []string
+	count     int
+	benchtime string
+}
+
+func (b benchRun) String() string {
+	return fmt.Sprintf("-bench='%s' -count=%d -benchtime=%s on %s", b.pattern, b.count, b.benchtime, strings.Join(b.pkgs, " "))
+}
+
+// benchRuns are the `go test -bench` invocations of a run: the micro
+// benchmarks with -count and -benchtime, the push benchmarks (whose ops
+// are much longer, and whose set-up is a relay or gateway with a fake
+// provider) with their own.
+func benchRuns(s settings) []benchRun {
+	return []benchRun{
+		{".", microPackages(), s.count, s.benchtime},
+		{mailboxMicroBench, []string{mailboxMicroPackage}, s.count, s.benchtime},
+		{signalMicroBench, []string{signalMicroPackage}, s.count, s.benchtime},
+		{pushFanoutBench, []string{pushFanoutPackage}, s.pushCount, s.pushBenchtime},
+		{pushgwBench, []string{pushgwPackage}, s.pushCount, s.pushBenchtime},
+	}
+}
 
 // settings are the run's knobs, from flags over QUICK-aware defaults.
 type settings struct {
@@ -58,20 +100,39 @@ type settings struct {
 	// read comparisons; watchSockets the idle watch sockets per server.
 	mailboxRound time.Duration
 	watchSockets int
+	// signalRound is one relay's load time in one round of the signal
+	// comparison (rounds as -rounds); signalPairs the rendezvous open.
+	signalRound time.Duration
+	signalPairs int
+	// turn turns the TURN comparison on; turnRounds and turnRound are its
+	// rounds per payload (the first a warm-up) and counted time per run.
+	turn       bool
+	turnRounds int
+	turnRound  time.Duration
+	// pushCount and pushBenchtime are -count and -benchtime of the push
+	// benchmarks.
+	pushCount     int
+	pushBenchtime string
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
-	// The full run takes about 6 minutes on 2 cores (the mailbox figures
-	// add 2), well under the 15 that `make bench` may take; the quick one,
-	// a smoke test of the whole pipeline, well under 2 with a cold build
-	// cache. The timeouts only
+	// The full run takes about 10 minutes on 2 cores (channel 1, mailbox
+	// 1, signal 1, TURN 1.5, micro and push benchmarks 5), under the 15
+	// that `make bench` may take; the quick one, a smoke test of the whole
+	// pipeline, about 1 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, count: 5, benchtime: "1s",
 		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick,
-		mailboxRound: time.Second, watchSockets: 10_000}
+		mailboxRound: time.Second, watchSockets: 10_000,
+		signalRound: time.Second, signalPairs: 32,
+		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
+		pushCount: 3, pushBenchtime: "3s"}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
 		s.mailboxRound = 500 * time.Millisecond
+		s.signalRound = 250 * time.Millisecond
+		s.turnRounds, s.turnRound = 2, 300*time.Millisecond
+		s.pushCount, s.pushBenchtime = 1, "500ms"
 	}
 	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
 	fs.IntVar(&s.rounds, "rounds", s.rounds, "rounds per relay in the channel comparison; the first is dropped")
@@ -84,6 +145,13 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.DurationVar(&s.timeout, "timeout", s.timeout, "bound on the whole run")
 	fs.DurationVar(&s.mailboxRound, "mailbox-round", s.mailboxRound, "one side's time per round in the mailbox PUT and read comparisons (rounds as -rounds)")
 	fs.IntVar(&s.watchSockets, "watch-sockets", s.watchSockets, "idle watch sockets per server in the mailbox memory figure")
+	fs.DurationVar(&s.signalRound, "signal-round", s.signalRound, "one relay's time per round in the signal comparison (rounds as -rounds)")
+	fs.IntVar(&s.signalPairs, "signal-pairs", s.signalPairs, "signal rendezvous open on each relay, both sides connected")
+	fs.BoolVar(&s.turn, "turn", s.turn, "run the TURN comparison against coturn (needs turnserver and taskset)")
+	fs.IntVar(&s.turnRounds, "turn-rounds", s.turnRounds, "rounds per payload in the TURN comparison; the first is a warm-up")
+	fs.DurationVar(&s.turnRound, "turn-round", s.turnRound, "counted time of one TURN run")
+	fs.IntVar(&s.pushCount, "push-count", s.pushCount, "go test -count for the push benchmarks")
+	fs.StringVar(&s.pushBenchtime, "push-benchtime", s.pushBenchtime, "go test -benchtime for the push benchmarks")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -145,12 +213,22 @@ func run(s settings) error {
 	mb := runMailbox(ctx, s, root, progress)
 	mailboxTook := time.Since(mailboxStart)
 
-	// The micro benchmarks run after the comparisons, never beside them:
-	// on 2 cores they would measure each other.
+	signalStart := time.Now()
+	sig := runSignal(ctx, s, progress)
+	signalTook := time.Since(signalStart)
+
+	turnStart := time.Now()
+	tr := runTURN(ctx, s, progress)
+	turnTook := time.Since(turnStart)
+
+	// The micro and push benchmarks run after the comparisons, never
+	// beside them: on 2 cores they would measure each other.
 	microStart := time.Now()
 	var testOut bytes.Buffer
-	testErr := goBench(ctx, root, ".", s, microPackages(), &testOut, progress)
-	testErr = errors.Join(testErr, goBench(ctx, root, mailboxMicroBench, s, []string{mailboxMicroPackage}, &testOut, progress))
+	var testErr error
+	for _, b := range benchRuns(s) {
+		testErr = errors.Join(testErr, goBench(ctx, root, b, &testOut, progress))
+	}
 	microTook := time.Since(microStart)
 	bench := parseBench(&testOut)
 
@@ -159,6 +237,14 @@ func run(s settings) error {
 	rows = append(rows, bucketRows(bench)...)
 	rows = append(rows, controlRows(bench)...)
 	rows = append(rows, mailboxRows(mb, bench)...)
+	rows = append(rows, signalRows(sig, bench)...)
+	rows = append(rows, pushFanoutRows(bench)...)
+	rows = append(rows, turnRows(tr)...)
+	rows = append(rows, pushgwRows(bench)...)
+	var micro []string
+	for _, b := range benchRuns(s) {
+		micro = append(micro, b.String())
+	}
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
@@ -172,8 +258,9 @@ func run(s settings) error {
 		mailbox: fmt.Sprintf("%d rounds per side (first dropped) of %v, alternated; PUTs of 1 KiB envelopes by 1 and 64 writers; "+
 			"HEAD and GET over 8 connections; %s idle watch sockets per server; %v",
 			s.rounds, s.mailboxRound, thousands(float64(s.watchSockets)), mailboxTook.Round(time.Second)),
-		micro: fmt.Sprintf("`go test -bench=. -benchmem -count=%d -benchtime=%s` on %s, and -bench='%s' on %s; %v",
-			s.count, s.benchtime, strings.Join(microPackages(), " "), mailboxMicroBench, mailboxMicroPackage, microTook.Round(time.Second)),
+		signal:  signalInfo(s, sig, signalTook),
+		turn:    turnInfo(s, tr, turnTook),
+		micro:   fmt.Sprintf("`go test -run=^$ -benchmem` with %s; %v", strings.Join(micro, "; "), microTook.Round(time.Second)),
 		elapsed: time.Since(start),
 	}
 	report := render(info, rows, raw.String())
@@ -193,15 +280,15 @@ func run(s settings) error {
 			fmt.Println(line)
 		}
 	}
-	return errors.Join(compareErr, mb.err(), testErr)
+	return errors.Join(compareErr, mb.err(), sig.err, tr.err, testErr)
 }
 
-// goBench runs `go test -bench` with pattern on pkgs, its output going to
-// out and progress. A package that fails to build or a failing benchmark
-// leaves its rows missing; the rest of the report still stands.
-func goBench(ctx context.Context, root, pattern string, s settings, pkgs []string, out, progress io.Writer) error {
-	args := append([]string{"test", "-run=^$", "-bench=" + pattern, "-benchmem",
-		"-count=" + fmt.Sprint(s.count), "-benchtime=" + s.benchtime}, pkgs...)
+// goBench runs one `go test -bench`, its output going to out and
+// progress. A package that fails to build or a failing benchmark leaves
+// its rows missing; the rest of the report still stands.
+func goBench(ctx context.Context, root string, b benchRun, out, progress io.Writer) error {
+	args := append([]string{"test", "-run=^$", "-bench=" + b.pattern, "-benchmem",
+		"-count=" + fmt.Sprint(b.count), "-benchtime=" + b.benchtime}, b.pkgs...)
 	fmt.Fprintf(progress, "\n== go %s\n", strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root

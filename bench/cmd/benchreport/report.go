@@ -273,7 +273,9 @@ type runInfo struct {
 	quick     bool
 	compare   string // what the comparison ran
 	mailbox   string // what the mailbox comparisons ran
-	micro     string // what the micro benchmarks ran
+	signal    string // what the signal comparison ran
+	turn      string // what the TURN comparison ran
+	micro     string // what the micro and push benchmarks ran
 	elapsed   time.Duration
 }
 
@@ -291,7 +293,9 @@ func render(info runInfo, rows []row, raw string) string {
 	fmt.Fprintf(&b, "- Run: %s, %v in all\n", mode, info.elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "  - channel comparison: %s\n", info.compare)
 	fmt.Fprintf(&b, "  - mailbox comparisons: %s\n", info.mailbox)
-	fmt.Fprintf(&b, "  - micro benchmarks: %s\n", info.micro)
+	fmt.Fprintf(&b, "  - signal comparison: %s\n", info.signal)
+	fmt.Fprintf(&b, "  - TURN comparison: %s\n", info.turn)
+	fmt.Fprintf(&b, "  - micro and push benchmarks: %s\n", info.micro)
 	b.WriteString("\nRatio is how many times better ours is: ours ÷ baseline for rates, " +
 		"baseline ÷ ours for times and allocations. Per-operation cells are the median over " +
 		"the runs: time per operation, then allocations per operation. Ours and the baseline " +

@@ -1,0 +1,5 @@
+//go:build !race
+
+package signalbench
+
+const raceEnabled = false
