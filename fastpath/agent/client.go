@@ -1,0 +1,334 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/ndjson"
+	"edgerelay/fastpath/sendq"
+	"edgerelay/fastpath/ws"
+	"edgerelay/store"
+)
+
+// Subprotocol is the WebSocket subprotocol of client attachments.
+const Subprotocol = "contenox-relay.v1"
+
+// bearerProtocol prefixes the subprotocol that carries a browser's client
+// token (browsers cannot set Authorization on a WebSocket). It is never
+// echoed.
+const bearerProtocol = "bearer."
+
+// maxKeptBuffer is the largest splice buffer an attachment keeps between
+// messages; one grown past it for a big message is given back.
+const maxKeptBuffer = 1 << 20
+
+// attachment is one attached client.
+type attachment struct {
+	id   []byte // the attachment id: the session of its frames
+	name string // the same, for maps
+	in   *instance
+	conn *ws.Conn
+	// detached is set once the instance has been told the client left.
+	detached atomic.Bool
+
+	// Scratch buffers of the client's reading goroutine.
+	buf []byte // the spliced line
+	out []byte // answers from the relay
+	msg []byte // error messages
+}
+
+// attach serves GET /v1/attach/<instance id>.
+func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
+	tok := httpx.Bearer(ctx)
+	offered := false
+	ws.Subprotocols(ctx, func(p []byte) bool {
+		switch {
+		case bytes.Equal(p, []byte(Subprotocol)):
+			offered = true
+		case tok == nil && bytes.HasPrefix(p, []byte(bearerProtocol)) && len(p) > len(bearerProtocol):
+			tok = p[len(bearerProtocol):]
+		}
+		return true
+	})
+	if tok == nil {
+		h.m.refused.WithLabelValues("no_bearer").Inc()
+		answerError(ctx, fasthttp.StatusUnauthorized, "client token required")
+		return
+	}
+	acct, err := h.cfg.Store.AccountByClientToken(httpx.Hash(tok))
+	if errors.Is(err, store.ErrUnknownToken) {
+		h.m.refused.WithLabelValues("bad_token").Inc()
+		answerError(ctx, fasthttp.StatusUnauthorized, "unknown client token")
+		return
+	}
+	if err != nil {
+		h.m.refused.WithLabelValues("store_error").Inc()
+		h.log.Error("client token lookup failed", "err", err)
+		answerError(ctx, fasthttp.StatusServiceUnavailable, "try again later")
+		return
+	}
+	if err := ws.CheckHandshake(ctx); err != nil {
+		h.m.refused.WithLabelValues("not_upgrade").Inc()
+		answerError(ctx, fasthttp.StatusBadRequest, "not a websocket handshake")
+		return
+	}
+	if len(id) == 0 || len(id) > ndjson.MaxIDLen || bytes.IndexByte(id, '/') >= 0 {
+		h.m.refused.WithLabelValues("wrong_account").Inc()
+		answerError(ctx, fasthttp.StatusForbidden, "not an instance of this account")
+		return
+	}
+	in := h.acquire(string(id))
+	if in == nil {
+		h.m.refused.WithLabelValues("draining").Inc()
+		answerError(ctx, fasthttp.StatusServiceUnavailable, "relay shutting down")
+		return
+	}
+	// Checked after the reference is taken, so that a revocation either
+	// shows here or finds this entry and marks it (see disconnect). An
+	// instance that does not exist and one of another account get the
+	// same answer.
+	rec, err := h.cfg.Store.Instance(in.name)
+	if err != nil && !errors.Is(err, store.ErrUnknownInstance) {
+		h.release(in)
+		h.m.refused.WithLabelValues("store_error").Inc()
+		h.log.Error("instance lookup failed", "err", err)
+		answerError(ctx, fasthttp.StatusServiceUnavailable, "try again later")
+		return
+	}
+	if err != nil || rec.Revoked || rec.Account != acct.ID {
+		h.release(in)
+		h.m.refused.WithLabelValues("wrong_account").Inc()
+		answerError(ctx, fasthttp.StatusForbidden, "not an instance of this account")
+		return
+	}
+	in.mu.Lock()
+	if in.revoked {
+		in.mu.Unlock()
+		h.release(in)
+		h.m.refused.WithLabelValues("wrong_account").Inc()
+		answerError(ctx, fasthttp.StatusForbidden, "not an instance of this account")
+		return
+	}
+	if len(in.atts)+in.reserved >= h.cfg.MaxAttachments {
+		in.mu.Unlock()
+		h.release(in)
+		h.m.refused.WithLabelValues("too_many_attachments").Inc()
+		answerError(ctx, fasthttp.StatusTooManyRequests, "too many attachments to this instance")
+		return
+	}
+	in.reserved++
+	in.mu.Unlock()
+
+	echo := ""
+	if offered {
+		echo = Subprotocol
+	}
+	a := &attachment{name: newID("att-"), in: in}
+	a.id = []byte(a.name)
+	opts := ws.Options{
+		MaxMessage:   h.cfg.MaxClientMessage,
+		MaxQueue:     h.cfg.ClientQueue,
+		OverflowCode: ws.CloseTryAgainLater,
+		PingInterval: h.cfg.ClientPing,
+	}
+	ws.Upgrade(ctx, opts, echo, func(conn *ws.Conn) {
+		defer h.release(in)
+		a.conn = conn
+		h.serveClient(a)
+	})
+}
+
+// serveClient runs one attachment from its 101 to its end.
+func (h *Handler) serveClient(a *attachment) {
+	in := a.in
+	in.mu.Lock()
+	in.reserved--
+	if in.revoked {
+		in.mu.Unlock()
+		a.conn.Close(ws.ClosePolicyViolation, "instance revoked")
+		return
+	}
+	in.atts[a.name] = a
+	in.publishRoutesLocked()
+	in.mu.Unlock()
+	if h.clients.Add(a.conn) {
+		h.m.attachments.Inc()
+		h.readClient(a)
+		h.clients.Remove(a.conn)
+		h.m.attachments.Dec()
+	} else {
+		a.conn.Close(ws.CloseGoingAway, "relay shutting down")
+	}
+
+	h.detach(a, a.out[:0])
+}
+
+// detach removes a from its instance and tells the runtime with
+// acp.detach, once: when the client leaves, or as soon as its queue
+// overflows (its socket may take a while longer to close). buf is scratch
+// owned by the calling goroutine.
+func (h *Handler) detach(a *attachment, buf []byte) {
+	if !a.detached.CompareAndSwap(false, true) {
+		return
+	}
+	in := a.in
+	in.mu.Lock()
+	if in.atts[a.name] == a {
+		delete(in.atts, a.name)
+		in.publishRoutesLocked()
+	}
+	l := in.link
+	in.mu.Unlock()
+	if l != nil {
+		l.send(appendDetach(buf, in.id, a.id))
+	}
+}
+
+// readClient reads the client's messages until it leaves or is closed.
+// This is the routing path from clients to instances: nothing here
+// allocates per frame once the buffers have grown.
+func (h *Handler) readClient(a *attachment) {
+	for {
+		op, msg, err := a.conn.ReadMessage()
+		if err != nil {
+			return
+		}
+		if op != ws.OpText {
+			a.conn.Close(ws.CloseUnsupportedData, "text messages only")
+			return
+		}
+		// ScanMessage refuses a raw line feed or carriage return even
+		// where JSON would call it whitespace: the message must never
+		// become two lines on the link.
+		f, err := ndjson.ScanMessage(msg)
+		if err != nil {
+			h.m.dropClientMalformed.Inc()
+			h.answerMalformed(a, msg, err)
+			continue
+		}
+		if f.IsControl(msg) {
+			h.clientControl(a, msg, &f)
+			continue
+		}
+		h.toInstance(a, msg, &f)
+	}
+}
+
+// toInstance routes one client frame to the instance link with instance
+// and session set to the attachment's, every other byte as it came.
+func (h *Handler) toInstance(a *attachment, msg []byte, f *ndjson.Frame) {
+	in := a.in
+	a.buf = ndjson.Splice(a.buf[:0], msg, *f, in.id, a.id)
+	if len(a.buf)+1 > ndjson.MaxLine {
+		// The runtime would have to close the link on such a line.
+		h.m.dropTooLong.Inc()
+		if f.ID.Present() {
+			h.answer(a, f.ID.Raw(msg), codeMalformedFrame, "frame longer than the line limit")
+		}
+		return
+	}
+	// Two tries: a link replaced while this frame waited for room is
+	// closed under it, and the frame goes to the new one.
+	for range 2 {
+		l := in.cur.Load()
+		if l == nil {
+			break
+		}
+		err := l.q.Put(a.buf, true, a.conn.Done())
+		if err == nil {
+			h.m.toInstance.Inc()
+			if cap(a.buf) > maxKeptBuffer {
+				a.buf = nil
+			}
+			return
+		}
+		if errors.Is(err, sendq.ErrTooBig) || in.cur.Load() == l {
+			break
+		}
+	}
+	h.m.dropOffline.Inc()
+	if f.ID.Present() {
+		h.answer(a, f.ID.Raw(msg), codeUnknownInstance, "the instance is offline")
+	}
+}
+
+// clientControl handles a relay.* frame from a client: never forwarded.
+func (h *Handler) clientControl(a *attachment, msg []byte, f *ndjson.Frame) {
+	if !f.ID.Present() || f.Re.Present() {
+		return // notifications and responses are never answered
+	}
+	if f.Type.Equal(msg, typeHeartbeat) {
+		a.out = appendAck(a.out[:0], a.in.id, a.id, f.ID.Raw(msg))
+		_ = a.conn.WriteText(a.out)
+		return
+	}
+	a.buf = f.Type.AppendValue(a.buf[:0], msg)
+	a.msg = appendUnsupportedMessage(a.msg[:0], a.buf)
+	a.out = appendError(a.out[:0], a.in.id, a.id, f.ID.Raw(msg), codeUnsupportedType, a.msg)
+	_ = a.conn.WriteText(a.out)
+}
+
+// answer sends the client a relay.error for its request whose raw id is re.
+func (h *Handler) answer(a *attachment, re []byte, code, message string) {
+	a.msg = append(a.msg[:0], message...)
+	a.out = appendError(a.out[:0], a.in.id, a.id, re, code, a.msg)
+	_ = a.conn.WriteText(a.out)
+}
+
+// answerMalformed answers malformed_frame if the dropped message was a
+// request, which takes finding its id in a message that did not validate.
+// This is the error path, so encoding/json may do the finding; an id that
+// could not be a valid re is not answered.
+func (h *Handler) answerMalformed(a *attachment, msg []byte, cause error) {
+	var id []byte
+	// A message that is valid but for raw line breaks scans once they are
+	// blanks; its id is then read exactly as the scanner reads ids.
+	cleaned := bytes.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, msg)
+	if f, err := ndjson.Scan(cleaned); err == nil {
+		id = f.ID.AppendValue(nil, cleaned)
+	} else {
+		var req struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(msg, &req) // a field of the wrong type leaves the others decoded
+		id = []byte(req.ID)
+	}
+	if !usableID(id) {
+		return
+	}
+	re := ndjson.AppendString(nil, id)
+	message := "malformed frame"
+	switch {
+	case errors.Is(cause, ndjson.ErrField):
+		message = "malformed frame: " + strings.TrimPrefix(cause.Error(), "ndjson: ")
+	case bytes.ContainsAny(msg, "\r\n"):
+		message = "malformed frame: a raw line break"
+	}
+	h.answer(a, re[1:len(re)-1], codeMalformedFrame, message)
+}
+
+// usableID reports whether id can be echoed as re: what the spec allows
+// of an id.
+func usableID(id []byte) bool {
+	if len(id) == 0 || len(id) > ndjson.MaxIDLen || !utf8.Valid(id) {
+		return false
+	}
+	for _, c := range id {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
