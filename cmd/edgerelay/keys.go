@@ -22,6 +22,8 @@ import (
 )
 
 const keysUsage = `usage:
+  edgerelay keys agent relay-key | account add NAME | account list | pair-key ACCOUNT [--ttl 15m]
+                       | instance list | instance revoke ID          agent relay accounts and pairing
   edgerelay keys push create --label L [--expires T] | list | disable | revoke   push gateway API keys
   edgerelay keys channel add --host NAME     create a claim key for a computer; prints the key once
   edgerelay keys channel list                list hosts and whether each key is used
@@ -35,6 +37,9 @@ Flags: --data-dir DIR, --admin-listen HOST:PORT (default from RELAY_* like serve
 func runKeys(args []string, stdout, stderr io.Writer) int {
 	if len(args) >= 1 && args[0] == "push" {
 		return runPushKeys(args[1:], stdout, stderr)
+	}
+	if len(args) >= 1 && args[0] == "agent" {
+		return runAgentKeys(args[1:], stdout, stderr)
 	}
 	if len(args) < 2 || args[0] != "channel" {
 		fmt.Fprint(stderr, keysUsage)
@@ -155,6 +160,11 @@ func (k keysClient) offline(fn func(channel.Keys) error) error {
 // call sends one admin request; errNoServer when there is no admin token
 // (no server running on this data dir) or nothing listens.
 func (k keysClient) call(method, suffix string, body any, want int, out any) error {
+	return k.callAdmin(method, "/v1/keys/channel"+suffix, body, want, out)
+}
+
+// callAdmin sends one request to the running server's admin listener.
+func (k keysClient) callAdmin(method, path string, body any, want int, out any) error {
 	tok, err := os.ReadFile(filepath.Join(k.dataDir, adminTokenFile))
 	if errors.Is(err, os.ErrNotExist) || k.adminAddr == "" {
 		return errNoServer
@@ -170,7 +180,7 @@ func (k keysClient) call(method, suffix string, body any, want int, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, "http://"+k.adminAddr+"/v1/keys/channel"+suffix, rd)
+	req, err := http.NewRequest(method, "http://"+k.adminAddr+path, rd)
 	if err != nil {
 		return fmt.Errorf("admin request: %w", err)
 	}

@@ -69,6 +69,7 @@ func startServer(t *testing.T, env ...string) *relayProc {
 		"RELAY_MAILBOX_LISTEN=127.0.0.1:0",
 		"RELAY_PUSH_FCM_LISTEN=127.0.0.1:0",
 		"RELAY_PUSH_APNS_LISTEN=127.0.0.1:0",
+		"RELAY_AGENT_LISTEN=127.0.0.1:0",
 		"RELAY_TURN_LISTEN=",
 		"RELAY_DRAIN_TIMEOUT=5s",
 	}

@@ -25,6 +25,7 @@ import (
 
 	"edgerelay/cmd/edgerelay/config"
 	"edgerelay/fastpath/admin"
+	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/channel"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/mailbox"
@@ -194,10 +195,9 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	if err != nil {
 		return nil, err
 	}
-	for _, s := range []config.Service{config.Agent} {
-		if cfg.Listeners[s].On() {
-			lines[s] = "not in this build yet; listener not opened"
-		}
+	agentKeys, agentPub, err := r.startAgent(cfg, reg, &services, lines)
+	if err != nil {
+		return nil, err
 	}
 
 	token, err := writeAdminToken(cfg.DataDir)
@@ -208,7 +208,10 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	if len(pushKeys) > 0 {
 		pushAdmin = pushgw.NewAdmin(pushKeys)
 	}
-	r.admin = admin.New(admin.Config{Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin, Log: log.With("service", "admin")})
+	r.admin = admin.New(admin.Config{
+		Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin,
+		AgentKeys: agentKeys, AgentPublicKey: agentPub, Log: log.With("service", "admin"),
+	})
 	if cfg.AdminListen != "" {
 		services = append(services, server.Service{
 			Name: "admin", Addr: cfg.AdminListen, Handler: r.admin.ServeHTTP,
@@ -217,6 +220,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		})
 	}
 
+	tlsOn := map[string]bool{}
 	for i := range services {
 		svc := services[i]
 		if svc.TLS == nil && svc.Name != "admin" {
@@ -229,6 +233,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 				svc.TLS = tlsconf.ServerConfig(rl, false)
 			}
 		}
+		tlsOn[svc.Name] = svc.TLS != nil
 		ln, err := server.Listen(svc, listenerMetrics.For(svc.Name), log)
 		if err != nil {
 			return nil, err
@@ -250,7 +255,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 
 	for _, ln := range r.listeners {
 		scheme := "http"
-		if ln.Name() != "admin" && cfg.Listeners[config.Service(ln.Name())].TLS() {
+		if tlsOn[ln.Name()] {
 			scheme = "https"
 		}
 		what := lines[config.Service(ln.Name())]
@@ -261,7 +266,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		log.Info("listening", "service", ln.Name(), "addr", ln.Addr().String(), "scheme", scheme)
 	}
 	for _, s := range config.Services() {
-		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox && s != config.PushFCM && s != config.PushAPNs {
+		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox && s != config.PushFCM && s != config.PushAPNs && s != config.Agent {
 			fmt.Fprintf(stdout, "%-9s %s\n", string(s)+":", msg)
 		} else if !cfg.Listeners[s].On() {
 			fmt.Fprintf(stdout, "%-9s off (empty listen address)\n", string(s)+":")
@@ -533,4 +538,51 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 		lines[m.service] = "POST /send with an API key (edgerelay keys push create --label L); " + ready
 	}
 	return keys, nil
+}
+
+// startAgent adds the agent relay's listener: always TLS 1.3 (the
+// connector refuses anything else), with the configured certificate or a
+// development one generated into the data dir. It returns the operator's
+// key management and the relay's public key for the admin listener.
+func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (*agent.Keys, string, error) {
+	l := cfg.Listeners[config.Agent]
+	if !l.On() {
+		return nil, "", nil
+	}
+	key, err := agent.LoadOrCreateKey(cfg.DataDir)
+	if err != nil {
+		return nil, "", err
+	}
+	st := store.NewAgentStore(r.db)
+	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg)})
+	if err != nil {
+		return nil, "", err
+	}
+	certFile, keyFile, devCA := l.CertFile, l.KeyFile, ""
+	if !l.TLS() {
+		var hosts []string
+		if host, _, err := net.SplitHostPort(l.Addr); err == nil && host != "" {
+			hosts = append(hosts, host)
+		}
+		dev, err := tlsconf.EnsureDevCert(cfg.DataDir, hosts)
+		if err != nil {
+			return nil, "", err
+		}
+		certFile, keyFile, devCA = dev.Cert, dev.Key, dev.CA
+	}
+	rl, err := tlsconf.NewReloader(certFile, keyFile)
+	if err != nil {
+		return nil, "", fmt.Errorf("agent TLS: %w", err)
+	}
+	r.reloaders = append(r.reloaders, rl)
+	svc := r.service(string(config.Agent), l, h.ServeHTTP, h.Drain)
+	svc.TLS = tlsconf.ServerConfig(rl, true)
+	svc.MaxBodyBytes = 64 << 10
+	*services = append(*services, svc)
+	line := "relay key " + h.PublicKey() + "; pair a runtime: edgerelay keys agent account add NAME, then edgerelay keys agent pair-key NAME"
+	if devCA != "" {
+		line += "; development certificate, trust its CA at " + devCA
+	}
+	lines[config.Agent] = line
+	return &agent.Keys{Store: st, Handler: h}, h.PublicKey(), nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/channel"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/pushgw"
@@ -34,7 +35,11 @@ type Config struct {
 	ChannelKeys *channel.Keys
 	// PushKeys manages the push gateway's API keys; nil when it is off.
 	PushKeys *pushgw.Admin
-	Log      *slog.Logger
+	// AgentKeys manages agent accounts, pairing keys and instances; nil
+	// when the agent relay is off. AgentPublicKey is its relay key.
+	AgentKeys      *agent.Keys
+	AgentPublicKey string
+	Log            *slog.Logger
 }
 
 // Handler is the admin listener's handler.
@@ -70,6 +75,16 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		} else {
 			httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"not ready"}`))
 		}
+	case strings.HasPrefix(path, AgentPath+"/"):
+		if !h.authorized(ctx) {
+			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
+			return
+		}
+		if h.cfg.AgentKeys == nil {
+			httpx.Error(ctx, fasthttp.StatusNotFound, "agent relay is off")
+			return
+		}
+		h.agentKeys(ctx, strings.TrimPrefix(path, AgentPath+"/"))
 	case path == pushgw.AdminPath || strings.HasPrefix(path, pushgw.AdminPath+"/"):
 		if !h.authorized(ctx) {
 			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
