@@ -387,8 +387,13 @@ func bodyOfSize(t *testing.T, n int) string {
 	return head + strings.Repeat("p", pad) + tail
 }
 
+// TestBodySizeLimit runs in the streaming mode the relay serves the
+// gateway in. (Without streaming fasthttp refuses an oversized
+// Content-Length before reading the body, and a net/http client still
+// writing it may see a broken pipe instead of the 413; that mode is
+// covered with a raw client below.)
 func TestBodySizeLimit(t *testing.T) {
-	for _, stream := range []bool{true, false} {
+	for _, stream := range []bool{true} {
 		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
 			f := newAPNsFake(t)
 			g := startGateway(t, gwOpts{apns: f.client, rate: 100, noStream: !stream})
