@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,6 +62,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// Pebble's WAL fsync is a blocking system call: with a single P no
+	// request is parsed while it runs, and writers miss the next group
+	// commit (measured on one pinned core: 1.5-10.7k vs 11-27k synced
+	// writes/s). Two Ps keep requests flowing on a one-core machine.
+	if runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
 	if unknown := values.UnknownEnv(); len(unknown) > 0 {
 		log.Warn("unknown RELAY_* environment variables ignored", "names", unknown)
 	}

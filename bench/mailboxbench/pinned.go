@@ -1,0 +1,760 @@
+package mailboxbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/proccpu"
+)
+
+// PinnedOptions shape ComparePinned. Zero fields take the defaults noted.
+type PinnedOptions struct {
+	// Rounds per side and figure; the first warms up and is not counted,
+	// so at least 2. Default 6.
+	Rounds int
+	// RoundTime is how long one side serves one kind of request in one
+	// round. Default 2 s (CPU time is read in 10 ms ticks).
+	RoundTime time.Duration
+	// Conns is the read load's keep-alive connections, one request in
+	// flight on each. Default 8.
+	Conns int
+	// Mailboxes, Stored and EnvelopeSize shape the read servers' stores
+	// as in ReadOptions. Defaults 64, 100 and 1024 (EnvelopeSize is the
+	// PUTs' size too).
+	Mailboxes, Stored, EnvelopeSize int
+	// Writers lists the PUT comparison's concurrent writer counts, each
+	// writer on a mailbox (ours) or key range (Pebble) of its own.
+	// Default 1 and 64.
+	Writers []int
+	// ServerCPU and LoadCPU are the cores the server processes and this
+	// process (the load generator) are pinned to. Defaults 0 and 1.
+	// Pinning is skipped, and the report says so, on a machine with one
+	// core or without taskset.
+	ServerCPU, LoadCPU int
+	// Binary is cmd/mailboxserve; built into a temporary directory (from
+	// the working directory, which must be inside the module) when empty.
+	Binary string
+	// DataDir holds the servers' stores, one directory each, on one
+	// disk; a temporary directory (removed afterwards) when empty.
+	DataDir string
+	// ProfileDir, when set, adds one uncounted run of each side per
+	// figure, after the counted ones, under a CPU profile written there
+	// (mailboxserve-<figure>-<side>.pprof); the report holds the top of
+	// each.
+	ProfileDir string
+	// ServerGOMAXPROCS, when positive, is the servers' GOMAXPROCS (all
+	// of them alike); otherwise the Go runtime's default, which is 1 on
+	// one pinned core. (With one P, a blocking fdatasync in Pebble's WAL
+	// holds the only P until sysmon takes it back, which starves the
+	// request handlers that would join the next group commit.)
+	ServerGOMAXPROCS int
+	// Progress, when not nil, gets one line per measurement.
+	Progress io.Writer
+}
+
+func (o PinnedOptions) withDefaults() (PinnedOptions, error) {
+	if o.Rounds == 0 {
+		o.Rounds = 6
+	}
+	if o.RoundTime == 0 {
+		o.RoundTime = 2 * time.Second
+	}
+	if o.Conns == 0 {
+		o.Conns = 8
+	}
+	if o.Mailboxes == 0 {
+		o.Mailboxes = 64
+	}
+	if o.Stored == 0 {
+		o.Stored = 100
+	}
+	if o.EnvelopeSize == 0 {
+		o.EnvelopeSize = 1024
+	}
+	if len(o.Writers) == 0 {
+		o.Writers = []int{1, 64}
+	}
+	if o.ServerCPU == 0 && o.LoadCPU == 0 {
+		o.LoadCPU = 1
+	}
+	// The read checks are ReadOptions'.
+	if _, err := (ReadOptions{Rounds: o.Rounds, Conns: o.Conns, Mailboxes: o.Mailboxes,
+		Stored: o.Stored, EnvelopeSize: o.EnvelopeSize}).withDefaults(); err != nil {
+		return o, err
+	}
+	for _, w := range o.Writers {
+		if w < 1 {
+			return o, fmt.Errorf("mailboxbench: %d writers", w)
+		}
+	}
+	if o.ServerGOMAXPROCS < 0 {
+		return o, fmt.Errorf("mailboxbench: ServerGOMAXPROCS %d", o.ServerGOMAXPROCS)
+	}
+	if o.ServerCPU == o.LoadCPU || o.ServerCPU < 0 || o.LoadCPU < 0 {
+		return o, fmt.Errorf("mailboxbench: server core %d and load core %d: want two distinct cores", o.ServerCPU, o.LoadCPU)
+	}
+	return o, nil
+}
+
+// PinnedRun is one counted run of one side.
+type PinnedRun struct {
+	// Ops is the requests answered (or commits made) in Elapsed.
+	Ops     uint64
+	Elapsed time.Duration
+	// CPU is the server process's user and system time over the run.
+	CPU time.Duration
+	// Mallocs is the server process's heap allocations over the run.
+	Mallocs uint64
+}
+
+// PerSec is operations per wall second.
+func (r PinnedRun) PerSec() float64 { return float64(r.Ops) / r.Elapsed.Seconds() }
+
+// PerCPUSec is operations per second of the server's CPU time.
+func (r PinnedRun) PerCPUSec() float64 {
+	if r.CPU <= 0 {
+		return 0
+	}
+	return float64(r.Ops) / r.CPU.Seconds()
+}
+
+// PinnedSide is one side of a figure over the counted rounds.
+type PinnedSide struct {
+	Name string // "ours", "baseline" or "raw pebble"
+	Runs []PinnedRun
+	// Medians over the runs: operations per server CPU-second, per wall
+	// second, the server core's use (CPU time / wall time) and the
+	// server's heap allocations per operation.
+	PerCPUSec, PerSec, CoreUse, AllocsPerOp float64
+}
+
+// PinnedFigure is one comparison: a kind of read against the baseline,
+// or PUTs with some writers against raw Pebble.
+type PinnedFigure struct {
+	// Name is "HEAD of a direction", "GET of one envelope" or "PUT synced,
+	// <n> writer(s)"; Writers is the PUT's writer count (0 for reads).
+	Name    string
+	Writers int
+	// Ours and Other (the baseline, or raw Pebble for PUT).
+	Ours, Other PinnedSide
+	// CPURatio and WallRatio are ours over the other's medians, per
+	// server CPU-second and per wall second; the Round ratios are the
+	// medians of the per-round ratios (each round ran both back to back).
+	CPURatio, CPURoundRatio, WallRatio, WallRoundRatio float64
+}
+
+// PinnedProfile is the top of one CPU profile of a server process.
+type PinnedProfile struct {
+	// Figure names the run: "head-ours", "get-baseline", "put-64-ours",
+	// "put-64-raw-pebble", …
+	Figure string
+	File   string
+	Top    string // `go tool pprof -top`
+}
+
+// PinnedReport is the outcome of ComparePinned.
+type PinnedReport struct {
+	Options PinnedOptions // defaults filled in
+	// Pinned says the servers and the load generator ran on separate
+	// cores; without it the figures share the machine like CompareReads'.
+	Pinned   bool
+	Machine  string
+	Go       string
+	Figures  []PinnedFigure // HEAD, GET, then PUT per writer count
+	Profiles []PinnedProfile
+	Warnings []string
+	Elapsed  time.Duration
+}
+
+// BuildMailboxserve builds cmd/mailboxserve into dir and returns its path.
+// moduleDir is any directory inside the edgerelay module.
+func BuildMailboxserve(ctx context.Context, moduleDir, dir string) (string, error) {
+	bin := filepath.Join(dir, "mailboxserve")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "edgerelay/bench/mailboxbench/cmd/mailboxserve")
+	cmd.Dir = moduleDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mailboxbench: go build mailboxserve: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// ComparePinned is CompareReads and ComparePut with each server in a
+// process of its own (cmd/mailboxserve) pinned to one core, and this
+// process, the load generator, pinned to another, so that a server's CPU
+// time (from /proc) is its own and not the load generator's or the other
+// server's. The figures:
+//
+//   - HEAD of a direction and GET of one envelope, ours against the
+//     net/http baseline, each over its own store seeded alike: requests
+//     per second of server CPU time (the design's "requests per second
+//     per core"; it compares the servers' cost per request fairly even
+//     when the single load core, not the server, sets the pace) and per
+//     wall second.
+//   - Envelope PUTs synced before the 201, with each writer count, against
+//     raw Pebble synced commits of the same key and value sizes made by a
+//     pinned process of its own with as many goroutines: writes per wall
+//     second (the design's figure: the share of the disk's synced-write
+//     ceiling the request path keeps) and per server CPU-second.
+//
+// The two sides alternate round by round in ABBA order (package abtest),
+// the first round dropped; figures are medians.
+//
+// While it runs, every thread of the calling process is pinned to LoadCPU
+// with GOMAXPROCS 1 (both restored on return): run nothing else in the
+// process meanwhile.
+func ComparePinned(ctx context.Context, o PinnedOptions) (rep PinnedReport, err error) {
+	start := time.Now()
+	if o, err = o.withDefaults(); err != nil {
+		return PinnedReport{}, err
+	}
+	rep = PinnedReport{Go: runtime.Version(),
+		Machine: fmt.Sprintf("%s/%s, %d cores", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	tmp, err := os.MkdirTemp("", "mailboxbench-pinned-")
+	if err != nil {
+		return rep, err
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
+	if o.Binary == "" {
+		if o.Binary, err = BuildMailboxserve(ctx, "", tmp); err != nil {
+			return rep, err
+		}
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "built mailboxserve in %v\n", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	// A fresh directory for this run's stores, inside DataDir when given.
+	parent := o.DataDir
+	if parent == "" {
+		parent = tmp
+	}
+	dataDir, err := os.MkdirTemp(parent, "pinned-")
+	if err != nil {
+		return rep, err
+	}
+	if o.DataDir != "" {
+		defer func() { err = errors.Join(err, os.RemoveAll(dataDir)) }()
+	}
+	if o.ProfileDir != "" {
+		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
+			return rep, err
+		}
+	}
+	rep.Options = o
+
+	serverCPU := o.ServerCPU
+	if perr := proccpu.CanPin(); perr != nil {
+		serverCPU = -1
+		rep.Warnings = append(rep.Warnings, "not pinned ("+perr.Error()+"): servers and load generator share the machine")
+	} else {
+		restore, err := proccpu.PinSelf(o.LoadCPU)
+		if err != nil {
+			return rep, err
+		}
+		rep.Pinned = true
+		defer restore()
+	}
+
+	b := &pinnedBench{o: o, serverCPU: serverCPU, dataDir: dataDir}
+	reads, rerr := b.reads(ctx)
+	rep.Figures = append(rep.Figures, reads...)
+	if rerr != nil {
+		return rep, rerr
+	}
+	puts, perr := b.puts(ctx)
+	rep.Figures = append(rep.Figures, puts...)
+	if perr != nil {
+		return rep, perr
+	}
+
+	for _, p := range b.profiles {
+		out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=30", o.Binary, p.File).CombinedOutput()
+		if err != nil {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("go tool pprof %s: %v: %s", p.File, err, out))
+			continue
+		}
+		p.Top = string(out)
+		rep.Profiles = append(rep.Profiles, p)
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// pinnedBench is one ComparePinned run's state.
+type pinnedBench struct {
+	o         PinnedOptions
+	serverCPU int
+	dataDir   string
+	profiles  []PinnedProfile
+}
+
+// start runs one server process on the server core.
+func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...string) (*serveProc, error) {
+	var env []string
+	if b.o.ServerGOMAXPROCS > 0 {
+		env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(b.o.ServerGOMAXPROCS))
+	}
+	return startServe(ctx, b.o.Binary, b.serverCPU, env, relayName, dir, args...)
+}
+
+// reads runs the HEAD and GET figures: both relays serving stores seeded
+// alike, Conns raw keep-alive connections to each, each round one side
+// answering HEADs then GETs.
+func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error) {
+	o := b.o
+	seedArgs := []string{"-mailboxes", strconv.Itoa(o.Mailboxes), "-stored", strconv.Itoa(o.Stored), "-size", strconv.Itoa(o.EnvelopeSize)}
+	var procs [2]*serveProc
+	defer func() {
+		for _, p := range procs {
+			if p != nil {
+				err = errors.Join(err, p.stop())
+			}
+		}
+	}()
+	for side, name := range [2]string{"ours", "baseline"} {
+		if procs[side], err = b.start(ctx, name, filepath.Join(b.dataDir, "reads-"+name), seedArgs...); err != nil {
+			return nil, err
+		}
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "read servers seeded and listening (%d mailboxes × %d envelopes of %d B each)\n", o.Mailboxes, o.Stored, o.EnvelopeSize)
+	}
+	relays := [2]*relay{{name: "ours", addr: procs[0].addr}, {name: "baseline", addr: procs[1].addr}}
+	ro := ReadOptions{Rounds: o.Rounds, Conns: o.Conns, Mailboxes: o.Mailboxes, Stored: o.Stored, EnvelopeSize: o.EnvelopeSize}
+	if err := sameAnswers(relays, ro); err != nil {
+		return nil, err
+	}
+	var conns [2][]*rawClient
+	defer func() {
+		for _, cs := range conns {
+			for _, c := range cs {
+				err = errors.Join(err, c.close())
+			}
+		}
+	}()
+	for side, r := range relays {
+		for range o.Conns {
+			c, err := dialRaw(r.addr)
+			if err != nil {
+				return nil, err
+			}
+			conns[side] = append(conns[side], c)
+		}
+	}
+	work := func(side, kind int) func() (uint64, time.Duration, error) {
+		return func() (uint64, time.Duration, error) {
+			return countedLoad(ctx, o.RoundTime, o.Conns, func(w int) func() error {
+				return readOp(conns[side][w], relays[side].addr, kind, w, ro)
+			})
+		}
+	}
+	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([2]PinnedRun, error) {
+		var rs [2]PinnedRun
+		for kind := range rs {
+			r, err := procs[side].measure(ctx, work(side, kind))
+			if err != nil {
+				return rs, fmt.Errorf("mailboxbench: pinned %s, round %d, %s: %w", kindNames[kind], round, relays[side].name, err)
+			}
+			pinnedProgress(o.Progress, round, fmt.Sprintf("%-19s %-10s", kindNames[kind], relays[side].name), r, "requests")
+			rs[kind] = r
+		}
+		return rs, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for kind := range 2 {
+		var ours, other []PinnedRun
+		for i := range runs[0] {
+			ours = append(ours, runs[0][i][kind])
+			other = append(other, runs[1][i][kind])
+		}
+		figs = append(figs, newPinnedFigure(kindNames[kind], 0, summarizePinned("ours", ours), summarizePinned("baseline", other)))
+	}
+	if o.ProfileDir != "" {
+		for kind, slug := range [2]string{"head", "get"} {
+			for side, p := range procs {
+				if err := b.profile(ctx, p, slug+"-"+relays[side].name, work(side, kind)); err != nil {
+					return figs, err
+				}
+			}
+		}
+	}
+	return figs, nil
+}
+
+// puts runs the PUT figures: our relay over a store with max(Writers)
+// mailboxes claimed, and a raw Pebble process beside it, both pinned to
+// the server core in turn (one is idle while the other runs).
+func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error) {
+	o := b.o
+	maxWriters := slices.Max(o.Writers)
+	var ours, raw *serveProc
+	defer func() {
+		for _, p := range []*serveProc{ours, raw} {
+			if p != nil {
+				err = errors.Join(err, p.stop())
+			}
+		}
+	}()
+	if ours, err = b.start(ctx, "ours", filepath.Join(b.dataDir, "put-ours"),
+		"-mailboxes", strconv.Itoa(maxWriters), "-size", strconv.Itoa(o.EnvelopeSize)); err != nil {
+		return nil, err
+	}
+	if raw, err = b.start(ctx, "pebble", filepath.Join(b.dataDir, "put-pebble"),
+		"-size", strconv.Itoa(o.EnvelopeSize)); err != nil {
+		return nil, err
+	}
+	client := newClient(ours.addr, maxWriters)
+	defer client.CloseIdleConnections()
+	next := make([]uint64, maxWriters) // each writer's last sequence, rising across rounds
+	oursWork := func(writers int) func() (uint64, time.Duration, error) {
+		return func() (uint64, time.Duration, error) {
+			return countedLoad(ctx, o.RoundTime, writers, func(w int) func() error {
+				return putOp(client, w, &next[w], o.EnvelopeSize)
+			})
+		}
+	}
+	rawWork := func(writers int) func() (uint64, time.Duration, error) {
+		return func() (uint64, time.Duration, error) {
+			ans, err := raw.ask(ctx, fmt.Sprintf("put %d %v", writers, o.RoundTime), o.RoundTime+time.Minute)
+			if err != nil {
+				return 0, 0, err
+			}
+			var n, ns uint64
+			if _, err := fmt.Sscanf(ans, "ok %d %d", &n, &ns); err != nil {
+				return 0, 0, fmt.Errorf("put answered %q", ans)
+			}
+			return n, time.Duration(ns), nil
+		}
+	}
+	procs := [2]*serveProc{ours, raw}
+	names := [2]string{"ours", "raw pebble"}
+	for _, writers := range o.Writers {
+		works := [2]func() (uint64, time.Duration, error){oursWork(writers), rawWork(writers)}
+		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (PinnedRun, error) {
+			r, err := procs[side].measure(ctx, works[side])
+			if err != nil {
+				return r, fmt.Errorf("mailboxbench: pinned PUT, %d writers, round %d, %s: %w", writers, round, names[side], err)
+			}
+			pinnedProgress(o.Progress, round, fmt.Sprintf("PUT %2d writers     %-10s", writers, names[side]), r, "writes")
+			return r, nil
+		})
+		if err != nil {
+			return figs, err
+		}
+		figs = append(figs, newPinnedFigure(putName(writers), writers, summarizePinned(names[0], runs[0]), summarizePinned(names[1], runs[1])))
+	}
+	if o.ProfileDir != "" {
+		for _, writers := range o.Writers {
+			works := [2]func() (uint64, time.Duration, error){oursWork(writers), rawWork(writers)}
+			for side, p := range procs {
+				if err := b.profile(ctx, p, fmt.Sprintf("put-%d-%s", writers, strings.ReplaceAll(names[side], " ", "-")), works[side]); err != nil {
+					return figs, err
+				}
+			}
+		}
+	}
+	return figs, nil
+}
+
+func putName(writers int) string {
+	if writers == 1 {
+		return "PUT synced, 1 writer"
+	}
+	return fmt.Sprintf("PUT synced, %d writers", writers)
+}
+
+// profile runs work once more, uncounted, with p under a CPU profile.
+func (b *pinnedBench) profile(ctx context.Context, p *serveProc, slug string, work func() (uint64, time.Duration, error)) error {
+	file, err := filepath.Abs(filepath.Join(b.o.ProfileDir, "mailboxserve-"+slug+".pprof"))
+	if err != nil {
+		return err
+	}
+	if _, err := p.ask(ctx, "profile "+file, 10*time.Second); err != nil {
+		return err
+	}
+	_, _, werr := work()
+	if _, err := p.ask(ctx, "profile-stop", 10*time.Second); err != nil {
+		return errors.Join(werr, err)
+	}
+	if werr != nil {
+		return fmt.Errorf("mailboxbench: profiled %s run: %w", slug, werr)
+	}
+	b.profiles = append(b.profiles, PinnedProfile{Figure: slug, File: file})
+	return nil
+}
+
+// countedLoad is load, counting the ops: workers run newOp's ops for d.
+func countedLoad(ctx context.Context, d time.Duration, workers int, newOp func(w int) func() error) (uint64, time.Duration, error) {
+	counts := make([]uint64, workers)
+	rate, err := load(ctx, d, workers, func(w int) func() error {
+		op := newOp(w)
+		return func() error {
+			if err := op(); err != nil {
+				return err
+			}
+			counts[w]++
+			return nil
+		}
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	var n uint64
+	for _, c := range counts {
+		n += c
+	}
+	if n == 0 || rate <= 0 {
+		return 0, 0, errors.New("no operation completed")
+	}
+	return n, time.Duration(float64(n) / rate * float64(time.Second)), nil
+}
+
+func summarizePinned(name string, runs []PinnedRun) PinnedSide {
+	s := PinnedSide{Name: name, Runs: runs}
+	var cpu, wall, use, allocs []float64
+	for _, r := range runs {
+		cpu = append(cpu, r.PerCPUSec())
+		wall = append(wall, r.PerSec())
+		use = append(use, r.CPU.Seconds()/r.Elapsed.Seconds())
+		allocs = append(allocs, float64(r.Mallocs)/float64(r.Ops))
+	}
+	s.PerCPUSec, s.PerSec = abtest.Median(cpu), abtest.Median(wall)
+	s.CoreUse, s.AllocsPerOp = abtest.Median(use), abtest.Median(allocs)
+	return s
+}
+
+func newPinnedFigure(name string, writers int, ours, other PinnedSide) PinnedFigure {
+	f := PinnedFigure{Name: name, Writers: writers, Ours: ours, Other: other}
+	f.CPURatio = ours.PerCPUSec / other.PerCPUSec
+	f.WallRatio = ours.PerSec / other.PerSec
+	perCPU := func(s PinnedSide) []float64 {
+		v := make([]float64, len(s.Runs))
+		for i, r := range s.Runs {
+			v[i] = r.PerCPUSec()
+		}
+		return v
+	}
+	perSec := func(s PinnedSide) []float64 {
+		v := make([]float64, len(s.Runs))
+		for i, r := range s.Runs {
+			v[i] = r.PerSec()
+		}
+		return v
+	}
+	f.CPURoundRatio = abtest.RoundRatio(perCPU(ours), perCPU(other))
+	f.WallRoundRatio = abtest.RoundRatio(perSec(ours), perSec(other))
+	return f
+}
+
+func pinnedProgress(w io.Writer, round int, what string, r PinnedRun, unit string) {
+	if w == nil {
+		return
+	}
+	note := ""
+	if round == 0 {
+		note = "  (warm-up, not counted)"
+	}
+	fmt.Fprintf(w, "round %d %s %10.0f %s/s %10.0f %s/CPU-s  core %3.0f%%  %5.1f allocs/op%s\n",
+		round, what, r.PerSec(), unit, r.PerCPUSec(), unit, 100*r.CPU.Seconds()/r.Elapsed.Seconds(),
+		float64(r.Mallocs)/float64(r.Ops), note)
+}
+
+// serveProc is one running cmd/mailboxserve.
+type serveProc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	done   chan struct{}
+	err    error // cmd.Wait's, once done is closed
+	stderr *lockedBuffer
+	addr   string
+}
+
+// startServe runs the server program pinned to cpu (unless negative) on
+// a fresh data directory and waits for its "ready" line (seeding comes
+// first).
+func startServe(ctx context.Context, bin string, cpu int, env []string, relayName, dir string, args ...string) (*serveProc, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	argv := append([]string{bin, "-relay", relayName, "-dir", dir, "-listen", "127.0.0.1:0"}, args...)
+	p := &serveProc{name: relayName, cmd: proccpu.Command(ctx, cpu, argv...), lines: make(chan string, 1),
+		done: make(chan struct{}), stderr: &lockedBuffer{}}
+	p.cmd.Stderr = p.stderr
+	p.cmd.Env = env // nil: this process's environment
+	var err error
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("mailboxbench: starting mailboxserve %s: %w", relayName, err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	line, err := p.read(ctx, 5*time.Minute) // seeding 6,400 synced envelopes on a slow disk
+	if err != nil {
+		return nil, errors.Join(err, p.stop())
+	}
+	addr, ok := strings.CutPrefix(line, "ready ")
+	if !ok {
+		return nil, errors.Join(fmt.Errorf("mailboxbench: mailboxserve %s said %q, want ready", relayName, line), p.stop())
+	}
+	p.addr = addr
+	return p, nil
+}
+
+// read waits for the process's next line.
+func (p *serveProc) read(ctx context.Context, timeout time.Duration) (string, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			<-p.done
+			return "", fmt.Errorf("mailboxbench: mailboxserve %s exited (%v): %s", p.name, p.err, bytes.TrimSpace(p.stderr.Bytes()))
+		}
+		return l, nil
+	case <-t.C:
+		return "", fmt.Errorf("mailboxbench: mailboxserve %s: no answer within %v", p.name, timeout)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// ask sends one command and returns its answer, which must begin "ok".
+func (p *serveProc) ask(ctx context.Context, cmd string, timeout time.Duration) (string, error) {
+	if _, err := io.WriteString(p.stdin, cmd+"\n"); err != nil {
+		return "", fmt.Errorf("mailboxbench: mailboxserve %s: %w", p.name, err)
+	}
+	ans, err := p.read(ctx, timeout)
+	if err != nil {
+		return "", err
+	}
+	if ans != "ok" && !strings.HasPrefix(ans, "ok ") {
+		return "", fmt.Errorf("mailboxbench: mailboxserve %s answered %q to %q", p.name, ans, cmd)
+	}
+	return ans, nil
+}
+
+// measure runs work with the process's CPU time and heap allocations
+// read on either side of it, after a collection (as CompareReads and
+// ComparePut collect before each round).
+func (p *serveProc) measure(ctx context.Context, work func() (uint64, time.Duration, error)) (PinnedRun, error) {
+	var r PinnedRun
+	if _, err := p.ask(ctx, "gc", 10*time.Second); err != nil {
+		return r, err
+	}
+	mallocs := func() (uint64, error) {
+		ans, err := p.ask(ctx, "mem", 10*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		var n, gcs uint64
+		if _, err := fmt.Sscanf(ans, "ok %d %d", &n, &gcs); err != nil {
+			return 0, fmt.Errorf("mailboxbench: mem answered %q", ans)
+		}
+		return n, nil
+	}
+	m0, err := mallocs()
+	if err != nil {
+		return r, err
+	}
+	cpu0, err := proccpu.CPUTime(p.cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
+	if r.Ops, r.Elapsed, err = work(); err != nil {
+		return r, err
+	}
+	cpu1, err := proccpu.CPUTime(p.cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
+	m1, err := mallocs()
+	if err != nil {
+		return r, err
+	}
+	r.CPU, r.Mallocs = cpu1-cpu0, m1-m0
+	return r, nil
+}
+
+// stop ends the process: its standard input closed, then a kill after
+// 15 s (a relay drains its connections, Pebble closes).
+func (p *serveProc) stop() error {
+	_ = p.stdin.Close()
+	kill := time.NewTimer(15 * time.Second)
+	defer kill.Stop()
+	lines := p.lines
+	for killed := false; ; {
+		select {
+		case _, ok := <-lines: // unread lines, so that the reader reaches Wait
+			if !ok {
+				lines = nil
+			}
+			continue
+		case <-p.done:
+		case <-kill.C:
+			if !killed {
+				_ = p.cmd.Process.Kill()
+				killed = true
+			}
+			continue
+		}
+		if killed {
+			return fmt.Errorf("mailboxbench: mailboxserve %s did not exit within 15 s: killed", p.name)
+		}
+		break
+	}
+	if p.err != nil {
+		return fmt.Errorf("mailboxbench: mailboxserve %s: %w: %s", p.name, p.err, bytes.TrimSpace(p.stderr.Bytes()))
+	}
+	return nil
+}
+
+// lockedBuffer is a child's standard error, kept for error messages.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.b.Bytes())
+}
