@@ -1,9 +1,6 @@
 package ndjson
 
-import (
-	"encoding/binary"
-	"unicode/utf8"
-)
+import "edgerelay/fastpath/jsonstr"
 
 // Splice appends to dst a copy of line in which the top-level instance and
 // session are the given values, and returns the extended buffer. f must be
@@ -78,8 +75,6 @@ func spliceSlow(dst, line []byte, open int) []byte {
 	}
 }
 
-const hexDigits = "0123456789abcdef"
-
 // AppendString appends s to dst as a JSON string, quotes included.
 //
 // It escapes what JSON requires ('"', '\\' and bytes below 0x20, the common
@@ -93,55 +88,5 @@ const hexDigits = "0123456789abcdef"
 // HTML. DEL (0x7f) is left alone: JSON allows it. The result is what
 // encoding/json's Encoder writes with SetEscapeHTML(false).
 func AppendString(dst, s []byte) []byte {
-	dst = append(dst, '"')
-	start := 0 // s[start:i] is plain and not copied yet
-	for i := 0; i < len(s); {
-		if i+8 <= len(s) && special8(binary.LittleEndian.Uint64(s[i:])) == 0 {
-			i += 8
-			continue
-		}
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return jsonstr.AppendLikeEncodingJSON(dst, s)
 }

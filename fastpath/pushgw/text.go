@@ -1,6 +1,10 @@
 package pushgw
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
+
+	"edgerelay/fastpath/jsonstr"
+)
 
 // The reference gateway is JavaScript: its lengths are UTF-16 code units,
 // its trim is String.prototype.trim, its output is JSON.stringify. The
@@ -78,42 +82,13 @@ func jsTrim(s []byte) []byte {
 	return s
 }
 
-const hexDigits = "0123456789abcdef"
-
 // appendJSONString appends s as a JSON string the way JSON.stringify
 // writes it: only '"', '\\' and control characters are escaped (\b \f \n
 // \r \t by name, the rest as \u00xx); '<', '>', '&', U+2028 and U+2029 go
-// out as they are, unlike encoding/json.
+// out as they are, unlike encoding/json. That is jsonstr.AppendRaw, which
+// matches JSON.stringify for the valid UTF-8 the parser guarantees.
 func appendJSONString(dst, s []byte) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i, c := range s {
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"':
-			dst = append(dst, '\\', '"')
-		case '\\':
-			dst = append(dst, '\\', '\\')
-		case '\b':
-			dst = append(dst, '\\', 'b')
-		case '\f':
-			dst = append(dst, '\\', 'f')
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-		}
-		start = i + 1
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return jsonstr.AppendRaw(dst, s)
 }
 
 // arrayIndex reports whether key is a canonical array index ("0" or a

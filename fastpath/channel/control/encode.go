@@ -13,10 +13,7 @@
 // JSON encoder.
 package control
 
-import (
-	"encoding/binary"
-	"slices"
-)
+import "edgerelay/fastpath/jsonstr"
 
 const (
 	// IDLen is the length of a channel id: 32 lowercase hex characters.
@@ -81,48 +78,11 @@ func AppendData(dst []byte, id *ID, data []byte) []byte {
 // invalid input cannot occur in practice; if it does, the bytes pass through
 // and nothing panics.
 func AppendString(dst []byte, s []byte) []byte {
-	const hex = "0123456789abcdef"
-	// Grow once for the common case of nothing to escape; escapes grow further.
-	dst = slices.Grow(dst, len(s)+2)
-	dst = append(dst, '"')
-	start := 0 // s[start:i] is pending, not yet copied
-	for i := 0; i < len(s); {
-		// Skip eight bytes at a time while none of them needs escaping…
-		if i+8 <= len(s) && !needsEscape8(binary.LittleEndian.Uint64(s[i:])) {
-			i += 8
-			continue
-		}
-		// …otherwise look at those eight one by one.
-		for end := min(i+8, len(s)); i < end; i++ {
-			c := s[i]
-			if c >= 0x20 && c != '"' && c != '\\' {
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			start = i + 1
-		}
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return jsonstr.AppendRaw(dst, s)
 }
 
-// SWAR ("SIMD within a register") helpers: each looks at eight bytes packed
+// SWAR ("SIMD within a register") helpers, used by Parse's scanner (the
+// encoder's copies live in jsonstr): each looks at eight bytes packed
 // little-endian into a uint64. The expressions are the classic exact "does any
 // byte …" tests: they may misreport which byte matched, but never whether one did.
 const (
