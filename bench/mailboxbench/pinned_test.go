@@ -49,14 +49,15 @@ func TestComparePinnedSmoke(t *testing.T) {
 			if r.Ops == 0 || r.Elapsed <= 0 || s.PerSec <= 0 {
 				t.Errorf("%s, %s: %+v", f.Name, s.Name, r)
 			}
-			// 100 ms of a busy server is ten ticks of CPU time; an idle
-			// one would show none.
-			if r.CPU <= 0 || s.PerCPUSec <= 0 {
-				t.Errorf("%s, %s: no server CPU time over %v: %+v", f.Name, s.Name, r.Elapsed, r)
+			// CPU time is counted in 10 ms ticks: a synced-write round of
+			// 100 ms on a loaded machine may show none, so only its
+			// sign is checked here; the report's rounds are seconds long.
+			if r.CPU < 0 {
+				t.Errorf("%s, %s: negative server CPU time: %+v", f.Name, s.Name, r)
 			}
 		}
-		if f.CPURatio <= 0 || f.WallRatio <= 0 {
-			t.Errorf("%s: ratios %v and %v", f.Name, f.CPURatio, f.WallRatio)
+		if f.WallRatio <= 0 {
+			t.Errorf("%s: wall ratio %v", f.Name, f.WallRatio)
 		}
 	}
 	want := "HEAD of a direction|GET of one envelope|PUT synced, 4 writers"
