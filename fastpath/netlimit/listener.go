@@ -137,10 +137,12 @@ func (l *Listener) Accept() (net.Conn, error) {
 		ip, hasIP := remoteIP(c)
 		tracked, reason := l.admit(ip, hasIP)
 		if reason != "" {
-			c.Close()
+			// Counted before the close, so that whoever sees the
+			// connection end also finds it in the metrics.
 			if l.counters != nil {
 				l.counters.Refused(reason)
 			}
+			c.Close()
 			continue
 		}
 		return &conn{Conn: c, l: l, ip: ip, tracked: tracked}, nil
