@@ -57,3 +57,59 @@ func (c *Conn) taken() bool {
 	defer c.mu.Unlock()
 	return len(c.pending) == 0
 }
+
+// maskedFrame is a client frame (masked with a zero key, which leaves the
+// payload as it is) carrying payload with opcode op.
+func maskedFrame(op int, payload []byte) []byte {
+	f := appendFrame(nil, op, payload)
+	// Set the mask bit and insert a zero mask key after the length.
+	hdr := 2
+	switch f[1] {
+	case 126:
+		hdr = 4
+	case 127:
+		hdr = 10
+	}
+	f[1] |= 0x80
+	out := append([]byte{}, f[:hdr]...)
+	out = append(out, 0, 0, 0, 0)
+	return append(out, f[hdr:]...)
+}
+
+// A read buffer grown past maxKeptMessage by one huge message is dropped
+// at the next read; smaller ones are kept (no allocation per message).
+func TestReadBufferShrinksAfterHugeMessage(t *testing.T) {
+	server, client := net.Pipe()
+	defer client.Close()
+	c := newConn(server, Options{MaxMessage: 4 * maxKeptMessage})
+	defer func() { c.Close(CloseNormal, ""); <-c.Done() }()
+	go func() { _, _ = io.Copy(io.Discard, client) }()
+	go func() {
+		for _, size := range []int{2 * maxKeptMessage, 10, maxKeptMessage / 2, 10} {
+			if _, err := client.Write(maskedFrame(OpBinary, make([]byte, size))); err != nil {
+				return
+			}
+		}
+	}()
+	want := []struct {
+		size   int
+		capMax int // the buffer's capacity after reading the message
+	}{
+		{2 * maxKeptMessage, 4 * maxKeptMessage},
+		{10, maxKeptMessage}, // dropped, regrown small
+		{maxKeptMessage / 2, maxKeptMessage},
+	}
+	for i, w := range want {
+		_, msg, err := c.ReadMessage()
+		if err != nil || len(msg) != w.size {
+			t.Fatalf("message %d: %d bytes, %v", i, len(msg), err)
+		}
+		if cap(c.msg) > w.capMax {
+			t.Fatalf("message %d: buffer capacity %d, want at most %d", i, cap(c.msg), w.capMax)
+		}
+	}
+	keep := cap(c.msg)
+	if _, msg, err := c.ReadMessage(); err != nil || len(msg) != 10 || cap(c.msg) != keep {
+		t.Fatalf("a buffer of %d bytes was not kept: now %d (%v)", keep, cap(c.msg), err)
+	}
+}

@@ -150,6 +150,12 @@ func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 // *CloseError with ByPeer false; when the peer closes, the close is echoed
 // and a *CloseError with ByPeer true is returned.
 func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
+	// A buffer grown by one huge message (an agent client may send up to
+	// 16 MiB) is not kept for the socket's life; messages up to
+	// maxKeptMessage (every channel and mailbox frame) reuse it forever.
+	if cap(c.msg) > maxKeptMessage {
+		c.msg = nil
+	}
 	c.msg = c.msg[:0]
 	msgOp := -1
 	for {
@@ -462,6 +468,10 @@ func (c *Conn) finish() {
 	c.Close(CloseNormal, "")
 	<-c.done
 }
+
+// maxKeptMessage is the largest read buffer a socket keeps between
+// messages.
+const maxKeptMessage = 1 << 20
 
 // maxIdleBuffer is the largest queue buffer a socket keeps while idle.
 const maxIdleBuffer = 64 << 10
