@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,9 +20,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	baseline "edgerelay/bench/baseline/mailbox"
-	"edgerelay/fastpath/mailbox"
-	"edgerelay/fastpath/server"
 	"edgerelay/store"
 )
 
@@ -115,9 +109,9 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		}
 		var r *relay
 		if c.Relay == "ours" {
-			r, err = listenOurs(c.Listen, log, clock.Now)
+			r, _, err = startOurs(c.Listen, log, clock.Now)
 		} else {
-			r, err = listenBaseline(c.Listen, log, clock.Now)
+			r, _, err = startBaseline(c.Listen, log, clock.Now)
 		}
 		if err != nil {
 			return err
@@ -291,72 +285,4 @@ func (p *profiler) toggle(file string) error {
 		return p.stop()
 	}
 	return p.start(file)
-}
-
-// listenOurs is startOurs on a given address: our handler as the binary
-// configures it (ourConfig: DetachSockets, the step clock) behind
-// fastpath/server with KeepHijackedConns and the binary's default
-// timeouts and limits.
-func listenOurs(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, error) {
-	h, err := mailbox.New(ourConfig(log, now))
-	if err != nil {
-		return nil, err
-	}
-	l, err := server.Listen(server.Service{
-		Name:              "mailbox",
-		Addr:              addr,
-		Handler:           h.ServeHTTP,
-		KeepHijackedConns: true,
-		HeaderTimeout:     10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    8192,
-		MaxBodyBytes:      65536 + 4096,
-		Drain:             h.Drain,
-	}, noCounters{}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		return nil, err
-	}
-	served := make(chan error, 1)
-	go func() { served <- l.Serve() }()
-	return &relay{
-		name: "ours",
-		addr: l.Addr().String(),
-		close: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := l.Shutdown(ctx)
-			return errors.Join(err, <-served)
-		},
-	}, nil
-}
-
-// listenBaseline is startBaseline on a given address.
-func listenBaseline(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, error) {
-	h := baseline.New(baseline.Config{Store: log, Apps: []string{app}, Now: now})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    8192,
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	return &relay{
-		name: "baseline",
-		addr: ln.Addr().String(),
-		close: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			h.CloseSockets()
-			err := srv.Shutdown(ctx)
-			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-				err = errors.Join(err, serr)
-			}
-			return err
-		},
-	}, nil
 }

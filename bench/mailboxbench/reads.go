@@ -182,10 +182,10 @@ func newReadRig(dir string, o ReadOptions) (rig *readRig, err error) {
 	if err := seed(log, clock.Now, o.Mailboxes, o.Stored, o.EnvelopeSize); err != nil {
 		return rig, err
 	}
-	if rig.relays[0], _, err = startOurs(log, clock.Now); err != nil {
+	if rig.relays[0], _, err = startOurs(loopback, log, clock.Now); err != nil {
 		return rig, err
 	}
-	if rig.relays[1], _, err = startBaseline(log, clock.Now); err != nil {
+	if rig.relays[1], _, err = startBaseline(loopback, log, clock.Now); err != nil {
 		return rig, err
 	}
 	if err := sameAnswers(rig.relays, o); err != nil {

@@ -176,9 +176,9 @@ func startForTest(t *testing.T, impl string) *relay {
 	clock := newStepClock()
 	var r *relay
 	if impl == "ours" {
-		r, _, err = startOurs(log, clock.Now)
+		r, _, err = startOurs(loopback, log, clock.Now)
 	} else {
-		r, _, err = startBaseline(log, clock.Now)
+		r, _, err = startBaseline(loopback, log, clock.Now)
 	}
 	if err != nil {
 		t.Fatal(err)

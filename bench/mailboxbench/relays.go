@@ -113,19 +113,22 @@ func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
 	}
 }
 
-// startOurs serves our handler through fastpath/server, the listener the
+// loopback is where the in-process comparisons listen.
+const loopback = "127.0.0.1:0"
+
+// startOurs serves, on addr, our handler through fastpath/server, the listener the
 // binary uses (fasthttp with its buffer sizes, timeouts and JSON error
 // answers), with the binary's default timeouts and header limit and no
 // connection caps (a cap of 1,000 per IP would refuse the memory figure's
 // sockets, which all come from 127.0.0.1).
-func startOurs(log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.Handler, error) {
+func startOurs(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.Handler, error) {
 	h, err := mailbox.New(ourConfig(log, now))
 	if err != nil {
 		return nil, nil, err
 	}
 	l, err := server.Listen(server.Service{
 		Name:              "mailbox",
-		Addr:              "127.0.0.1:0",
+		Addr:              addr,
 		Handler:           h.ServeHTTP,
 		KeepHijackedConns: true,
 		HeaderTimeout:     10 * time.Second,
@@ -153,9 +156,9 @@ func startOurs(log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.H
 
 // startBaseline serves the net/http baseline with the same timeouts and
 // header limit.
-func startBaseline(log *store.EnvelopeLog, now func() time.Time) (*relay, *baseline.Handler, error) {
+func startBaseline(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, *baseline.Handler, error) {
 	h := baseline.New(baseline.Config{Store: log, Apps: []string{app}, Now: now})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -70,12 +70,12 @@ func ServeWatchmem(impl string, in io.Reader, out io.Writer, maxLife time.Durati
 	switch impl {
 	case "ours":
 		var h *mailbox.Handler
-		if r, h, err = startOurs(log, time.Now); err == nil {
+		if r, h, err = startOurs(loopback, log, time.Now); err == nil {
 			open = h.Open
 		}
 	case "baseline":
 		var h *baseline.Handler
-		if r, h, err = startBaseline(log, time.Now); err == nil {
+		if r, h, err = startBaseline(loopback, log, time.Now); err == nil {
 			open = h.Open
 		}
 	default:
