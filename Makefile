@@ -1,7 +1,9 @@
 GO ?= go
 FUZZTIME ?= 30s
+# make soak: the reliability tests through the binary, SOAK times longer.
+SOAK ?= 10
 
-.PHONY: run build test bench fuzz
+.PHONY: run build test bench fuzz soak
 
 run:
 	$(GO) run ./cmd/edgerelay serve
@@ -21,3 +23,9 @@ bench:
 
 fuzz:
 	bash fuzz/run.sh $(FUZZTIME)
+
+# The long reliability run: kill -9 cycles, reconnect storms, hostile
+# clients and SIGTERM under load, each SOAK times longer than in make test.
+# The timeout bounds it; it stops by itself.
+soak:
+	EDGERELAY_SOAK=$(SOAK) $(GO) test -count=1 -timeout 60m -v -run 'Reliab|Storm|Hostile|SIGKILL|Survive|SIGTERM|Exhaust' ./cmd/edgerelay/
