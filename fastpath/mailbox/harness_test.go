@@ -28,7 +28,7 @@ func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 type relay struct {
-	t     *testing.T
+	t     testing.TB
 	base  string // http://host:port
 	ws    string
 	h     *mailbox.Handler
@@ -48,7 +48,7 @@ type opts struct {
 	push                             mailbox.Pushers
 }
 
-func start(t *testing.T, o opts) *relay {
+func start(t testing.TB, o opts) *relay {
 	t.Helper()
 	if o.apps == "" {
 		o.apps = "notes;chat:signal,ice"
@@ -138,7 +138,7 @@ func (r *relay) do(method, path, token string, body []byte, hdr ...string) answe
 }
 
 // expect asserts a status and, for errors, the exact JSON body and headers.
-func expect(t *testing.T, a answer, status int, code string) {
+func expect(t testing.TB, a answer, status int, code string) {
 	t.Helper()
 	if a.status != status {
 		t.Fatalf("status %d, want %d (%s)", a.status, status, a.body)
