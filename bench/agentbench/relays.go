@@ -2,7 +2,6 @@ package agentbench
 
 import (
 	"bytes"
-	"context"
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,14 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	baseline "edgerelay/bench/baseline/agent"
+	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/tlsconf"
 	"edgerelay/store"
@@ -61,9 +58,10 @@ func newTLS(dir string) (tlsSetup, error) {
 	}, nil
 }
 
-// startOurs serves fastpath/agent the way the binary does (fasthttp over
-// TLS 1.3, Pebble behind the tokens) with one account and one instance
-// paired through POST /v1/pair/redeem. dir holds the store and the key.
+// startOurs serves fastpath/agent the way the binary does
+// (relayserve.Agent: fastpath/server over TLS 1.3, Pebble behind the
+// tokens) with one account and one instance paired through POST
+// /v1/pair/redeem. dir holds the store and the key.
 func startOurs(dir string, ts tlsSetup) (*target, error) {
 	db, err := store.Open(dir, nil)
 	if err != nil {
@@ -89,22 +87,12 @@ func startOurs(dir string, ts tlsSetup) (*target, error) {
 	if err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r, err := relayserve.Agent("", h, ts.server)
 	if err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
-	srv := &fasthttp.Server{Handler: h.ServeHTTP, MaxRequestBodySize: 64 << 10, Logger: discard{}}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(tls.NewListener(ln, ts.server)) }()
-	t := &target{name: "ours", addr: ln.Addr().String(), tls: ts.client, clientToken: clientToken}
-	t.close = func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := h.Drain(ctx)
-		err = errors.Join(err, srv.ShutdownWithContext(ctx))
-		<-served
-		return errors.Join(err, db.Close())
-	}
+	t := &target{name: "ours", addr: r.Addr, tls: ts.client, clientToken: clientToken}
+	t.close = func() error { return errors.Join(r.Close(), db.Close()) }
 	if err := redeem(t, pairKey); err != nil {
 		return nil, errors.Join(err, t.close())
 	}
@@ -143,28 +131,12 @@ func startBaseline(ts tlsSetup) (*target, error) {
 		Instances: map[string]string{t.instToken: t.instance},
 		Clients:   map[string][]string{t.clientToken: {t.instance}},
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Hijacked connections are not tracked by Shutdown; the rigs close
+	// theirs before Close runs.
+	r, err := relayserve.Baseline("baseline", "", h, ts.server, nil)
 	if err != nil {
 		return nil, err
 	}
-	t.addr = ln.Addr().String()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(tls.NewListener(ln, ts.server)) }()
-	t.close = func() error {
-		// Hijacked connections are not tracked by Shutdown; the rigs
-		// close theirs before this runs.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := srv.Shutdown(ctx)
-		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-			err = errors.Join(err, serr)
-		}
-		return err
-	}
+	t.addr, t.close = r.Addr, r.Close
 	return t, nil
 }
-
-type discard struct{}
-
-func (discard) Printf(string, ...any) {}

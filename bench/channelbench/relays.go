@@ -1,19 +1,15 @@
 package channelbench
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	baseline "edgerelay/bench/baseline/channel"
+	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/channel"
 	"edgerelay/store"
 )
@@ -37,8 +33,8 @@ func (r *relay) nextKey() (string, error) {
 	return k, nil
 }
 
-// startOurs serves our relay the way the binary does (fastpath/channel on
-// fasthttp, claims in Pebble), with n claim keys added through the
+// startOurs serves our relay the way the binary does (relayserve.Channel:
+// fastpath/channel on fastpath/server, sockets detached, claims in Pebble), with n claim keys added through the
 // operator's own key management. dataDir holds the Pebble store; when empty
 // a temporary directory is made and removed again by close.
 func startOurs(dataDir string, n int) (*relay, error) {
@@ -70,33 +66,18 @@ func startOurs(dataDir string, n int) (*relay, error) {
 			return nil, errors.Join(err, db.Close(), removeTmp())
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Pings are pushed beyond any run so they never interleave with the
+	// load; the send-queue bound and frame limits stay at their defaults.
+	h := channel.New(channel.Config{Claims: claims, PingInterval: time.Hour, DetachSockets: true})
+	r, err := relayserve.Channel("", h)
 	if err != nil {
 		return nil, errors.Join(err, db.Close(), removeTmp())
 	}
-	// Pings are pushed beyond any run so they never interleave with the
-	// load; the send-queue bound and frame limits stay at their defaults.
-	h := channel.New(channel.Config{Claims: claims, PingInterval: time.Hour})
-	srv := &fasthttp.Server{
-		Handler:            h.ServeHTTP,
-		MaxRequestBodySize: 64 << 10,
-		// Resets from load-generator sockets closing are not news.
-		Logger: discardLogger{},
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	return &relay{
 		name:   "ours",
-		origin: "http://" + ln.Addr().String(),
+		origin: "http://" + r.Addr,
 		keys:   keys,
-		close: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := srv.ShutdownWithContext(ctx)
-			err = errors.Join(err, h.Drain(ctx))
-			<-served
-			return errors.Join(err, db.Close(), removeTmp())
-		},
+		close:  func() error { return errors.Join(r.Close(), db.Close(), removeTmp()) },
 	}, nil
 }
 
@@ -109,29 +90,13 @@ func startBaseline(n int) (*relay, error) {
 		keys[i] = randomHex()
 		byKey[keys[i]] = fmt.Sprintf("bench-%d", i)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Hijacked WebSockets are not tracked by Shutdown; the load generator
+	// has closed them all by the time Close runs.
+	r, err := relayserve.Baseline("baseline", "", baseline.New(byKey), nil, nil)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: baseline.New(byKey), ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	return &relay{
-		name:   "baseline",
-		origin: "http://" + ln.Addr().String(),
-		keys:   keys,
-		close: func() error {
-			// Hijacked WebSockets are not tracked by Shutdown; the load
-			// generator has closed them all by the time this runs.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := srv.Shutdown(ctx)
-			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-				err = errors.Join(err, serr)
-			}
-			return err
-		},
-	}, nil
+	return &relay{name: "baseline", origin: "http://" + r.Addr, keys: keys, close: r.Close}, nil
 }
 
 func randomHex() string {
@@ -139,7 +104,3 @@ func randomHex() string {
 	_, _ = rand.Read(b[:]) // never fails since Go 1.24
 	return hex.EncodeToString(b[:])
 }
-
-type discardLogger struct{}
-
-func (discardLogger) Printf(string, ...any) {}

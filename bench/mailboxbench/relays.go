@@ -22,10 +22,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,27 +29,23 @@ import (
 	"github.com/valyala/fasthttp"
 
 	baseline "edgerelay/bench/baseline/mailbox"
+	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/mailbox"
-	"edgerelay/fastpath/server"
 	"edgerelay/store"
 )
 
-// The benchmark's app and the bearer every benchmark mailbox is claimed
-// with (the shape of a real access token: 43 characters of base64url).
+// The benchmark's app, bearer and mailboxes are relayserve's, shared with
+// the signal benchmark.
 const (
-	app   = "bench"
-	token = "0EYRkGol3d-VPLYMV3HgU6CKew_tXpQRFjkC_sk3fCE"
+	app   = relayserve.App
+	token = relayserve.Token
 )
 
-// mailboxID is the i-th benchmark mailbox's id, 22 characters like a real
-// link id, so that keys have their production length.
-func mailboxID(i int) string { return fmt.Sprintf("bench%017d", i) }
+func mailboxID(i int) string   { return relayserve.MailboxID(i) }
+func mailboxPath(i int) string { return relayserve.MailboxPath(i) }
 
 // mailboxName is the store's name of the i-th mailbox, "<app>/<id>".
 func mailboxName(i int) string { return app + "/" + mailboxID(i) }
-
-// mailboxPath is the URL path of the i-th mailbox.
-func mailboxPath(i int) string { return "/v1/" + app + "/mailbox/" + mailboxID(i) }
 
 // envelope writes an envelope of size bytes (at least 25) with sequence
 // seq into dst's storage: the relay checks only the version byte and the
@@ -68,27 +60,14 @@ func envelope(dst []byte, seq uint64, size int) []byte {
 	return dst
 }
 
-// stepClock is the relays' clock in these benchmarks: every reading moves
-// it one second on, so every request finds its mailbox's rate-limit
-// buckets refilled (2 envelopes and 4 fetches per second) and the limits
-// never refuse a benchmark at any speed, while the buckets are still
-// consulted as in production. That holds as long as no two requests in
-// flight share a mailbox (see readOp): every writer and every connection
-// has mailboxes of its own. The relays' idle timeout is set far beyond
-// what a run can reach on this clock.
-type stepClock struct{ ns atomic.Int64 }
-
-func newStepClock() *stepClock {
-	c := &stepClock{}
-	c.ns.Store(time.Now().UnixNano())
-	return c
-}
-
-func (c *stepClock) Now() time.Time { return time.Unix(0, c.ns.Add(int64(time.Second))) }
-
-// idleForever is RELAY_IDLE for the benchmark relays: a hundred years of
-// the step clock is three billion requests.
-const idleForever = 100 * 365 * 24 * time.Hour
+// newStepClock is the relays' clock in these benchmarks (see
+// relayserve.StepClock): every reading moves it one second on, so every
+// request finds its mailbox's rate-limit buckets refilled (2 envelopes and
+// 4 fetches per second). That holds as long as no two requests in flight
+// share a mailbox (see readOp): every writer and every connection has
+// mailboxes of its own. The relays' idle timeout is set far beyond what a
+// run can reach on this clock.
+func newStepClock() *relayserve.StepClock { return relayserve.NewStepClock(time.Second) }
 
 // relay is one server under test, listening on loopback.
 type relay struct {
@@ -97,15 +76,17 @@ type relay struct {
 	close func() error
 }
 
+func fromServe(r *relayserve.Relay) *relay { return &relay{name: r.Name, addr: r.Addr, close: r.Close} }
+
 // ourConfig is the mailbox handler as the binary configures it, but for
-// the clock and the idle timeout (see stepClock) and the per-direction
+// the clock and the idle timeout (see newStepClock) and the per-direction
 // caps, lifted so that rounds of synced writes into one mailbox never fill
 // it: the cap checks still run on every write.
 func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
 	return mailbox.Config{
 		Store:          log,
 		Apps:           map[string]mailbox.App{app: {Name: app}},
-		Idle:           idleForever,
+		Idle:           relayserve.IdleForever,
 		MaxStored:      1 << 30,
 		MaxStoredBytes: 1 << 40,
 		Now:            now,
@@ -114,81 +95,33 @@ func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
 }
 
 // loopback is where the in-process comparisons listen.
-const loopback = "127.0.0.1:0"
+const loopback = relayserve.Loopback
 
-// startOurs serves, on addr, our handler through fastpath/server, the listener the
-// binary uses (fasthttp with its buffer sizes, timeouts and JSON error
-// answers), with the binary's default timeouts and header limit and no
-// connection caps (a cap of 1,000 per IP would refuse the memory figure's
-// sockets, which all come from 127.0.0.1).
+// startOurs serves, on addr, our handler as the binary does
+// (relayserve.Mailbox: fastpath/server with the binary's buffer sizes,
+// timeouts and JSON error answers, and no connection caps).
 func startOurs(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.Handler, error) {
 	h, err := mailbox.New(ourConfig(log, now))
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := server.Listen(server.Service{
-		Name:              "mailbox",
-		Addr:              addr,
-		Handler:           h.ServeHTTP,
-		KeepHijackedConns: true,
-		HeaderTimeout:     10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    8192,
-		MaxBodyBytes:      65536 + 4096,
-		Drain:             h.Drain,
-	}, noCounters{}, slog.New(slog.DiscardHandler))
+	r, err := relayserve.Mailbox(addr, h)
 	if err != nil {
 		return nil, nil, err
 	}
-	served := make(chan error, 1)
-	go func() { served <- l.Serve() }()
-	return &relay{
-		name: "ours",
-		addr: l.Addr().String(),
-		close: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := l.Shutdown(ctx)
-			return errors.Join(err, <-served)
-		},
-	}, h, nil
+	return fromServe(r), h, nil
 }
 
 // startBaseline serves the net/http baseline with the same timeouts and
 // header limit.
 func startBaseline(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, *baseline.Handler, error) {
 	h := baseline.New(baseline.Config{Store: log, Apps: []string{app}, Now: now})
-	ln, err := net.Listen("tcp", addr)
+	r, err := relayserve.Baseline("baseline", addr, h, nil, h.CloseSockets)
 	if err != nil {
 		return nil, nil, err
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    8192,
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	return &relay{
-		name: "baseline",
-		addr: ln.Addr().String(),
-		close: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			h.CloseSockets()
-			err := srv.Shutdown(ctx)
-			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-				err = errors.Join(err, serr)
-			}
-			return err
-		},
-	}, h, nil
+	return fromServe(r), h, nil
 }
-
-type noCounters struct{}
-
-func (noCounters) Refused(string) {}
 
 // seed claims mailboxes 0..n-1 with the benchmark token straight in the
 // store and stores envelopes 1..stored of size bytes in each one's p2c

@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,21 +30,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/mailbox"
-	"edgerelay/fastpath/server"
 	"edgerelay/push/apns"
 	"edgerelay/push/pushtest"
 	"edgerelay/store"
 )
 
-// The benchmark's app, its APNs topic, the provider credentials the fake
-// expects, and the bearer every mailbox is claimed with.
+// The benchmark's app and the bearer every mailbox is claimed with
+// (relayserve's, as in the other mailbox benchmarks), its APNs topic and
+// the provider credentials the fake expects.
 const (
-	app    = "bench"
+	app    = relayserve.App
+	token  = relayserve.Token
 	topic  = "com.example.chat"
 	teamID = "TEAM123456"
 	keyID  = "KEY1234567"
-	token  = "0EYRkGol3d-VPLYMV3HgU6CKew_tXpQRFjkC_sk3fCE"
 	// envelopeSize is a short chat message sealed: 25 bytes of envelope
 	// framing around about a hundred of text.
 	envelopeSize = 128
@@ -81,15 +81,13 @@ type Rig struct {
 	env  []byte // the envelope's filler, sequence patched per write
 }
 
-// stepClock is the relay's clock here: every reading moves it two seconds
-// on, so that every write finds its mailbox's envelope bucket (2 per
-// second) and its direction's push bucket (1 per 2 seconds) refilled and
-// no push is skipped for a rate limit, while both buckets are still
-// consulted on every write as in production. Each writer owns its
+// The relay's clock here is a step clock (relayserve.StepClock) moving two
+// seconds per reading, so that every write finds its mailbox's envelope
+// bucket (2 per second) and its direction's push bucket (1 per 2 seconds)
+// refilled and no push is skipped for a rate limit, while both buckets are
+// still consulted on every write as in production. Each writer owns its
 // mailboxes, so no two writes in flight share a bucket.
-type stepClock struct{ ns atomic.Int64 }
-
-func (c *stepClock) Now() time.Time { return time.Unix(0, c.ns.Add(int64(2*time.Second))) }
+const clockStep = 2 * time.Second
 
 // NewRig starts a relay with o.Mailboxes claimed mailboxes, each with an
 // APNs device registered on its p2c direction; it stops when tb ends.
@@ -116,16 +114,15 @@ func NewRig(tb testing.TB, o Options) *Rig {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	clock := &stepClock{}
-	clock.ns.Store(time.Now().UnixNano())
+	clock := relayserve.NewStepClock(clockStep)
 	reg := prometheus.NewRegistry()
 	h, err := mailbox.New(mailbox.Config{
 		Store: store.NewEnvelopeLog(db),
 		Apps:  map[string]mailbox.App{app: {Name: app, PushTopic: topic}},
 		// Production logging, written nowhere: its cost is part of a push.
 		Log:            slog.New(slog.NewJSONHandler(io.Discard, nil)),
-		Idle:           100 * 365 * 24 * time.Hour, // a century of the step clock
-		MaxStored:      1 << 30,                    // rounds never fill a direction
+		Idle:           relayserve.IdleForever,
+		MaxStored:      1 << 30, // rounds never fill a direction
 		MaxStoredBytes: 1 << 40,
 		Metrics:        mailbox.NewMetrics(reg),
 		Push:           mailbox.Pushers{APNs: ac},
@@ -135,21 +132,10 @@ func NewRig(tb testing.TB, o Options) *Rig {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	l, err := server.Listen(server.Service{
-		Name:              "mailbox",
-		Addr:              "127.0.0.1:0",
-		Handler:           h.ServeHTTP,
-		KeepHijackedConns: true,
-		HeaderTimeout:     10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    8192,
-		MaxBodyBytes:      65536 + 4096,
-		Drain:             h.Drain,
-	}, noCounters{}, slog.New(slog.DiscardHandler))
+	l, err := relayserve.Mailbox("", h)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	go func() { _ = l.Serve() }()
 	// The push senders alone: the sweeper's once-a-minute work is not
 	// part of a push, and on the step clock it would evict the mailboxes
 	// from memory between writes.
@@ -159,7 +145,7 @@ func NewRig(tb testing.TB, o Options) *Rig {
 		defer close(sent)
 		h.SendPushes(ctx)
 	}()
-	r := &Rig{APNs: fake, o: o, addr: l.Addr().String(), reg: reg, seqs: make([]uint64, o.Mailboxes)}
+	r := &Rig{APNs: fake, o: o, addr: l.Addr, reg: reg, seqs: make([]uint64, o.Mailboxes)}
 	r.client = &fasthttp.HostClient{Addr: r.addr, MaxConns: o.Writers, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Second}
 	r.env = make([]byte, envelopeSize)
 	r.env[0] = 0x01
@@ -168,9 +154,7 @@ func NewRig(tb testing.TB, o Options) *Rig {
 	}
 	tb.Cleanup(func() {
 		r.client.CloseIdleConnections()
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		_ = l.Shutdown(sctx)
+		_ = l.Close()
 		cancel()
 		<-sent
 		ac.Close()
@@ -188,13 +172,7 @@ func NewRig(tb testing.TB, o Options) *Rig {
 	return r
 }
 
-// mailboxPath is the URL path of the i-th mailbox; its id has the 22
-// characters of a real link id.
-func mailboxPath(i int) string { return fmt.Sprintf("/v1/%s/mailbox/bench%017d", app, i) }
-
-type noCounters struct{}
-
-func (noCounters) Refused(string) {}
+func mailboxPath(i int) string { return relayserve.MailboxPath(i) }
 
 // do sends one request with the bearer and checks its status.
 func (r *Rig) do(method, path string, body []byte, notify string, want int) error {
