@@ -1,8 +1,6 @@
 package mailboxbench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,11 +12,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"edgerelay/bench/abtest"
-	"edgerelay/bench/proccpu"
+	"edgerelay/bench/serverproc"
 )
 
 // PinnedOptions shape ComparePinned. Zero fields take the defaults noted.
@@ -183,13 +180,7 @@ type PinnedReport struct {
 // BuildMailboxserve builds cmd/mailboxserve into dir and returns its path.
 // moduleDir is any directory inside the edgerelay module.
 func BuildMailboxserve(ctx context.Context, moduleDir, dir string) (string, error) {
-	bin := filepath.Join(dir, "mailboxserve")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "edgerelay/bench/mailboxbench/cmd/mailboxserve")
-	cmd.Dir = moduleDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("mailboxbench: go build mailboxserve: %w\n%s", err, out)
-	}
-	return bin, nil
+	return serverproc.Build(ctx, moduleDir, dir, "edgerelay/bench/mailboxbench/cmd/mailboxserve")
 }
 
 // ComparePinned is CompareReads and ComparePut with each server in a
@@ -255,20 +246,13 @@ func ComparePinned(ctx context.Context, o PinnedOptions) (rep PinnedReport, err 
 	}
 	rep.Options = o
 
-	serverCPU := o.ServerCPU
-	if perr := proccpu.CanPin(); perr != nil {
-		serverCPU = -1
-		rep.Warnings = append(rep.Warnings, "not pinned ("+perr.Error()+"): servers and load generator share the machine")
-	} else {
-		restore, err := proccpu.PinSelf(o.LoadCPU)
-		if err != nil {
-			return rep, err
-		}
-		rep.Pinned = true
-		defer restore()
+	pin, err := serverproc.Pin(o.ServerCPU, o.LoadCPU)
+	if err != nil {
+		return rep, err
 	}
-
-	b := &pinnedBench{o: o, serverCPU: serverCPU, dataDir: dataDir}
+	defer pin.Release()
+	rep.Pinned, rep.Warnings = pin.Pinned, append(rep.Warnings, pin.Warnings()...)
+	b := &pinnedBench{o: o, serverCPU: pin.ServerCPU, dataDir: dataDir}
 	reads, rerr := b.reads(ctx)
 	rep.Figures = append(rep.Figures, reads...)
 	if rerr != nil {
@@ -301,13 +285,18 @@ type pinnedBench struct {
 	profiles  []PinnedProfile
 }
 
-// start runs one server process on the server core.
-func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...string) (*serveProc, error) {
+// start runs one server process on the server core// on a fresh data directory and waits for its "ready" line (seeding
+// comes first).
+func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...string) (*serverproc.Proc, error) {
 	var env []string
 	if b.o.ServerGOMAXPROCS > 0 {
 		env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(b.o.ServerGOMAXPROCS))
 	}
-	return startServe(ctx, b.o.Binary, b.serverCPU, env, relayName, dir, args...)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	argv := append([]string{b.o.Binary, "-relay", relayName, "-dir", dir, "-listen", loopback}, args...)
+	return serverproc.Start(ctx, "mailboxserve "+relayName, b.serverCPU, env, argv...)
 }
 
 // reads runs the HEAD and GET figures: both relays serving stores seeded
@@ -316,11 +305,11 @@ func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...
 func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error) {
 	o := b.o
 	seedArgs := []string{"-mailboxes", strconv.Itoa(o.Mailboxes), "-stored", strconv.Itoa(o.Stored), "-size", strconv.Itoa(o.EnvelopeSize)}
-	var procs [2]*serveProc
+	var procs [2]*serverproc.Proc
 	defer func() {
 		for _, p := range procs {
 			if p != nil {
-				err = errors.Join(err, p.stop())
+				err = errors.Join(err, p.Stop())
 			}
 		}
 	}()
@@ -332,7 +321,7 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "read servers seeded and listening (%d mailboxes × %d envelopes of %d B each)\n", o.Mailboxes, o.Stored, o.EnvelopeSize)
 	}
-	relays := [2]*relay{{name: "ours", addr: procs[0].addr}, {name: "baseline", addr: procs[1].addr}}
+	relays := [2]*relay{{name: "ours", addr: procs[0].Ready}, {name: "baseline", addr: procs[1].Ready}}
 	ro := ReadOptions{Rounds: o.Rounds, Conns: o.Conns, Mailboxes: o.Mailboxes, Stored: o.Stored, EnvelopeSize: o.EnvelopeSize}
 	if err := sameAnswers(relays, ro); err != nil {
 		return nil, err
@@ -364,7 +353,7 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([2]PinnedRun, error) {
 		var rs [2]PinnedRun
 		for kind := range rs {
-			r, err := procs[side].measure(ctx, work(side, kind))
+			r, err := measure(ctx, procs[side], work(side, kind))
 			if err != nil {
 				return rs, fmt.Errorf("mailboxbench: pinned %s, round %d, %s: %w", kindNames[kind], round, relays[side].name, err)
 			}
@@ -402,11 +391,11 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error) {
 	o := b.o
 	maxWriters := slices.Max(o.Writers)
-	var ours, raw *serveProc
+	var ours, raw *serverproc.Proc
 	defer func() {
-		for _, p := range []*serveProc{ours, raw} {
+		for _, p := range []*serverproc.Proc{ours, raw} {
 			if p != nil {
-				err = errors.Join(err, p.stop())
+				err = errors.Join(err, p.Stop())
 			}
 		}
 	}()
@@ -418,7 +407,7 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error)
 		"-size", strconv.Itoa(o.EnvelopeSize)); err != nil {
 		return nil, err
 	}
-	client := newClient(ours.addr, maxWriters)
+	client := newClient(ours.Ready, maxWriters)
 	defer client.CloseIdleConnections()
 	next := make([]uint64, maxWriters) // each writer's last sequence, rising across rounds
 	oursWork := func(writers int) func() (uint64, time.Duration, error) {
@@ -430,23 +419,23 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error)
 	}
 	rawWork := func(writers int) func() (uint64, time.Duration, error) {
 		return func() (uint64, time.Duration, error) {
-			ans, err := raw.ask(ctx, fmt.Sprintf("put %d %v", writers, o.RoundTime), o.RoundTime+time.Minute)
+			ans, err := raw.Ask(ctx, fmt.Sprintf("put %d %v", writers, o.RoundTime), o.RoundTime+time.Minute)
 			if err != nil {
 				return 0, 0, err
 			}
 			var n, ns uint64
-			if _, err := fmt.Sscanf(ans, "ok %d %d", &n, &ns); err != nil {
+			if _, err := fmt.Sscanf(ans, "%d %d", &n, &ns); err != nil {
 				return 0, 0, fmt.Errorf("put answered %q", ans)
 			}
 			return n, time.Duration(ns), nil
 		}
 	}
-	procs := [2]*serveProc{ours, raw}
+	procs := [2]*serverproc.Proc{ours, raw}
 	names := [2]string{"ours", "raw pebble"}
 	for _, writers := range o.Writers {
 		works := [2]func() (uint64, time.Duration, error){oursWork(writers), rawWork(writers)}
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (PinnedRun, error) {
-			r, err := procs[side].measure(ctx, works[side])
+			r, err := measure(ctx, procs[side], works[side])
 			if err != nil {
 				return r, fmt.Errorf("mailboxbench: pinned PUT, %d writers, round %d, %s: %w", writers, round, names[side], err)
 			}
@@ -479,16 +468,16 @@ func putName(writers int) string {
 }
 
 // profile runs work once more, uncounted, with p under a CPU profile.
-func (b *pinnedBench) profile(ctx context.Context, p *serveProc, slug string, work func() (uint64, time.Duration, error)) error {
+func (b *pinnedBench) profile(ctx context.Context, p *serverproc.Proc, slug string, work func() (uint64, time.Duration, error)) error {
 	file, err := filepath.Abs(filepath.Join(b.o.ProfileDir, "mailboxserve-"+slug+".pprof"))
 	if err != nil {
 		return err
 	}
-	if _, err := p.ask(ctx, "profile "+file, 10*time.Second); err != nil {
+	if _, err := p.Ask(ctx, "profile "+file, 10*time.Second); err != nil {
 		return err
 	}
 	_, _, werr := work()
-	if _, err := p.ask(ctx, "profile-stop", 10*time.Second); err != nil {
+	if _, err := p.Ask(ctx, "profile-stop", 10*time.Second); err != nil {
 		return errors.Join(werr, err)
 	}
 	if werr != nil {
@@ -574,187 +563,15 @@ func pinnedProgress(w io.Writer, round int, what string, r PinnedRun, unit strin
 		float64(r.Mallocs)/float64(r.Ops), note)
 }
 
-// serveProc is one running cmd/mailboxserve.
-type serveProc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	done   chan struct{}
-	err    error // cmd.Wait's, once done is closed
-	stderr *lockedBuffer
-	addr   string
-}
-
-// startServe runs the server program pinned to cpu (unless negative) on
-// a fresh data directory and waits for its "ready" line (seeding comes
-// first).
-func startServe(ctx context.Context, bin string, cpu int, env []string, relayName, dir string, args ...string) (*serveProc, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	argv := append([]string{bin, "-relay", relayName, "-dir", dir, "-listen", "127.0.0.1:0"}, args...)
-	p := &serveProc{name: relayName, cmd: proccpu.Command(ctx, cpu, argv...), lines: make(chan string, 1),
-		done: make(chan struct{}), stderr: &lockedBuffer{}}
-	p.cmd.Stderr = p.stderr
-	p.cmd.Env = env // nil: this process's environment
-	var err error
-	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	out, err := p.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("mailboxbench: starting mailboxserve %s: %w", relayName, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	line, err := p.read(ctx, 5*time.Minute) // seeding 6,400 synced envelopes on a slow disk
-	if err != nil {
-		return nil, errors.Join(err, p.stop())
-	}
-	addr, ok := strings.CutPrefix(line, "ready ")
-	if !ok {
-		return nil, errors.Join(fmt.Errorf("mailboxbench: mailboxserve %s said %q, want ready", relayName, line), p.stop())
-	}
-	p.addr = addr
-	return p, nil
-}
-
-// read waits for the process's next line.
-func (p *serveProc) read(ctx context.Context, timeout time.Duration) (string, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			<-p.done
-			return "", fmt.Errorf("mailboxbench: mailboxserve %s exited (%v): %s", p.name, p.err, bytes.TrimSpace(p.stderr.Bytes()))
-		}
-		return l, nil
-	case <-t.C:
-		return "", fmt.Errorf("mailboxbench: mailboxserve %s: no answer within %v", p.name, timeout)
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
-}
-
-// ask sends one command and returns its answer, which must begin "ok".
-func (p *serveProc) ask(ctx context.Context, cmd string, timeout time.Duration) (string, error) {
-	if _, err := io.WriteString(p.stdin, cmd+"\n"); err != nil {
-		return "", fmt.Errorf("mailboxbench: mailboxserve %s: %w", p.name, err)
-	}
-	ans, err := p.read(ctx, timeout)
-	if err != nil {
-		return "", err
-	}
-	if ans != "ok" && !strings.HasPrefix(ans, "ok ") {
-		return "", fmt.Errorf("mailboxbench: mailboxserve %s answered %q to %q", p.name, ans, cmd)
-	}
-	return ans, nil
-}
-
-// measure runs work with the process's CPU time and heap allocations
-// read on either side of it, after a collection (as CompareReads and
+// measure runs work with the server's CPU time and heap allocations read
+// on either side of it, after a collection (as CompareReads and
 // ComparePut collect before each round).
-func (p *serveProc) measure(ctx context.Context, work func() (uint64, time.Duration, error)) (PinnedRun, error) {
+func measure(ctx context.Context, p *serverproc.Proc, work func() (uint64, time.Duration, error)) (PinnedRun, error) {
 	var r PinnedRun
-	if _, err := p.ask(ctx, "gc", 10*time.Second); err != nil {
-		return r, err
-	}
-	mallocs := func() (uint64, error) {
-		ans, err := p.ask(ctx, "mem", 10*time.Second)
-		if err != nil {
-			return 0, err
-		}
-		var n, gcs uint64
-		if _, err := fmt.Sscanf(ans, "ok %d %d", &n, &gcs); err != nil {
-			return 0, fmt.Errorf("mailboxbench: mem answered %q", ans)
-		}
-		return n, nil
-	}
-	m0, err := mallocs()
-	if err != nil {
-		return r, err
-	}
-	cpu0, err := proccpu.CPUTime(p.cmd.Process.Pid)
-	if err != nil {
-		return r, err
-	}
-	if r.Ops, r.Elapsed, err = work(); err != nil {
-		return r, err
-	}
-	cpu1, err := proccpu.CPUTime(p.cmd.Process.Pid)
-	if err != nil {
-		return r, err
-	}
-	m1, err := mallocs()
-	if err != nil {
-		return r, err
-	}
-	r.CPU, r.Mallocs = cpu1-cpu0, m1-m0
-	return r, nil
-}
-
-// stop ends the process: its standard input closed, then a kill after
-// 15 s (a relay drains its connections, Pebble closes).
-func (p *serveProc) stop() error {
-	_ = p.stdin.Close()
-	kill := time.NewTimer(15 * time.Second)
-	defer kill.Stop()
-	lines := p.lines
-	for killed := false; ; {
-		select {
-		case _, ok := <-lines: // unread lines, so that the reader reaches Wait
-			if !ok {
-				lines = nil
-			}
-			continue
-		case <-p.done:
-		case <-kill.C:
-			if !killed {
-				_ = p.cmd.Process.Kill()
-				killed = true
-			}
-			continue
-		}
-		if killed {
-			return fmt.Errorf("mailboxbench: mailboxserve %s did not exit within 15 s: killed", p.name)
-		}
-		break
-	}
-	if p.err != nil {
-		return fmt.Errorf("mailboxbench: mailboxserve %s: %w: %s", p.name, p.err, bytes.TrimSpace(p.stderr.Bytes()))
-	}
-	return nil
-}
-
-// lockedBuffer is a child's standard error, kept for error messages.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() > 64<<10 {
-		return len(p), nil
-	}
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.b.Bytes())
+	u, err := p.Measure(ctx, func() (err error) {
+		r.Ops, r.Elapsed, err = work()
+		return err
+	})
+	r.CPU, r.Mallocs = u.CPU, u.Mallocs
+	return r, err
 }

@@ -1,25 +1,18 @@
 package mailboxbench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"runtime"
-	"runtime/metrics"
-	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"edgerelay/bench/serverproc"
 	"edgerelay/store"
 )
 
@@ -38,25 +31,19 @@ type ServeOptions struct {
 	// Stored envelopes of EnvelopeSize bytes put into each one's p2c
 	// direction, before "ready" is written.
 	Mailboxes, Stored, EnvelopeSize int
-	// CPUProfile, when set, is where SIGUSR1 profiling goes: the first
-	// SIGUSR1 starts a CPU profile, the next one stops it and writes the
-	// file, and so on; a profile still running at exit is written then.
+	// CPUProfile and MaxLife are serverproc.ServeOptions'.
 	CPUProfile string
-	// MaxLife bounds the process's life, whatever its standard input does.
-	MaxLife time.Duration
+	MaxLife    time.Duration
 }
 
-// ServePinned is cmd/mailboxserve, the server process of ComparePinned: it opens a store in c.Dir, seeds it, serves
-// the relay c.Relay names on c.Listen with the benchmarks' step clock
-// (so that the mailboxes' rate limits never refuse a benchmark, while
-// still being consulted on every request), writes "ready <addr>" to out
-// ("ready -" for pebble), then answers commands read from in, one per
-// line, each with one line:
+// ServePinned is cmd/mailboxserve, the server process of ComparePinned: it
+// opens a store in c.Dir, seeds it, serves the relay c.Relay names on
+// c.Listen with the benchmarks' step clock (so that the mailboxes' rate
+// limits never refuse a benchmark, while still being consulted on every
+// request), then serves serverproc's commands (serverproc.Serve: "ready
+// <addr>", "ready -" for pebble, then gc, usage, mem, profile, …) and one
+// of its own:
 //
-//	gc                   a full collection, then "ok"
-//	mem                  "ok <heap allocations so far> <GC cycles so far>"
-//	profile <file>       starts a CPU profile into file, "ok"
-//	profile-stop         stops it and writes the file, "ok"
 //	put <writers> <d>    pebble only: writers goroutines commit one synced
 //	                     batch after another for duration d (each writer
 //	                     its own keys, sequences rising across commands);
@@ -67,34 +54,14 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 	if c.EnvelopeSize == 0 {
 		c.EnvelopeSize = 1024
 	}
-	if c.MaxLife == 0 {
-		c.MaxLife = 30 * time.Minute
-	}
 	if c.Dir == "" {
 		return errors.New("mailboxserve: no data directory (-dir)")
 	}
 	if c.EnvelopeSize < 25 || c.EnvelopeSize > 65536 {
 		return fmt.Errorf("mailboxserve: envelope size %d is not an envelope's (25 to 65,536 bytes)", c.EnvelopeSize)
 	}
-	var prof profiler
-	defer func() { err = errors.Join(err, prof.stop()) }()
-	if c.CPUProfile != "" {
-		usr1 := make(chan os.Signal, 1)
-		signal.Notify(usr1, syscall.SIGUSR1)
-		defer signal.Stop(usr1)
-		go func() {
-			for range usr1 {
-				if err := prof.toggle(c.CPUProfile); err != nil {
-					fmt.Fprintln(os.Stderr, "mailboxserve:", err)
-				}
-			}
-		}()
-	}
-
-	var (
-		addr = "-"
-		put  func(writers int, d time.Duration) (uint64, time.Duration, error)
-	)
+	addr := "-"
+	commands := serverproc.Commands{}
 	switch c.Relay {
 	case "ours", "baseline":
 		db, err := store.Open(c.Dir, nil)
@@ -124,77 +91,17 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 			return err
 		}
 		defer func() { err = errors.Join(err, raw.Close()) }()
-		put = rawWriters(raw, c.EnvelopeSize)
+		commands["put"] = putCommand(rawWriters(raw, c.EnvelopeSize))
 	default:
 		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline or pebble", c.Relay)
 	}
-
-	if _, err := fmt.Fprintf(out, "ready %s\n", addr); err != nil {
-		return err
-	}
-	lines := make(chan string)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			case <-done:
-				return
-			}
-		}
-	}()
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(stop)
-	deadline := time.NewTimer(c.MaxLife)
-	defer deadline.Stop()
-	for {
-		var line string
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				return nil
-			}
-			line = l
-		case <-stop:
-			return nil
-		case <-deadline.C:
-			return fmt.Errorf("mailboxserve: still running after %v: stopping", c.MaxLife)
-		}
-		answer, err := command(line, &prof, put)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(out, "%s\n", answer); err != nil {
-			return err
-		}
-	}
+	return serverproc.Serve(serverproc.ServeOptions{Ready: addr, MaxLife: c.MaxLife, Commands: commands, CPUProfile: c.CPUProfile}, in, out)
 }
 
-// command answers one command line.
-func command(line string, prof *profiler, put func(int, time.Duration) (uint64, time.Duration, error)) (string, error) {
-	cmd, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-	switch cmd {
-	case "":
-		return "ok", nil
-	case "gc":
-		runtime.GC()
-		return "ok", nil
-	case "mem":
-		s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}, {Name: "/gc/cycles/total:gc-cycles"}}
-		metrics.Read(s)
-		return fmt.Sprintf("ok %d %d", s[0].Value.Uint64(), s[1].Value.Uint64()), nil
-	case "profile":
-		return "ok", prof.start(arg)
-	case "profile-stop":
-		return "ok", prof.stop()
-	case "put":
-		if put == nil {
-			return "", errors.New("mailboxserve: put: only the pebble relay writes on command")
-		}
+// putCommand answers "put <writers> <duration>" with put's commits and
+// elapsed nanoseconds.
+func putCommand(put func(int, time.Duration) (uint64, time.Duration, error)) func(string) (string, error) {
+	return func(arg string) (string, error) {
 		ws, ds, _ := strings.Cut(arg, " ")
 		writers, err := strconv.Atoi(ws)
 		if err != nil || writers < 1 {
@@ -208,9 +115,8 @@ func command(line string, prof *profiler, put func(int, time.Duration) (uint64, 
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("ok %d %d", n, elapsed.Nanoseconds()), nil
+		return fmt.Sprintf("%d %d", n, elapsed.Nanoseconds()), nil
 	}
-	return "", fmt.Errorf("mailboxserve: unknown command %q", line)
 }
 
 // rawWriters is the pebble relay's put command: writer w commits, one
@@ -240,49 +146,4 @@ func rawWriters(db *pebble.DB, size int) func(int, time.Duration) (uint64, time.
 		}
 		return n, elapsed, err
 	}
-}
-
-// profiler is at most one CPU profile at a time.
-type profiler struct {
-	mu sync.Mutex
-	f  *os.File
-}
-
-func (p *profiler) start(file string) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.f != nil {
-		return errors.New("mailboxserve: a CPU profile is already running")
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return errors.Join(err, f.Close())
-	}
-	p.f = f
-	return nil
-}
-
-func (p *profiler) stop() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.f == nil {
-		return nil
-	}
-	pprof.StopCPUProfile()
-	err := p.f.Close()
-	p.f = nil
-	return err
-}
-
-func (p *profiler) toggle(file string) error {
-	p.mu.Lock()
-	running := p.f != nil
-	p.mu.Unlock()
-	if running {
-		return p.stop()
-	}
-	return p.start(file)
 }

@@ -23,20 +23,16 @@
 package signalbench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"edgerelay/bench/abtest"
+	"edgerelay/bench/serverproc"
 )
 
 // Options shape a comparison. Zero fields take the defaults noted.
@@ -168,44 +164,33 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
 	if o.Binary == "" {
-		o.Binary = filepath.Join(dir, "signalserve")
-		build := exec.CommandContext(ctx, "go", "build", "-o", o.Binary, "edgerelay/bench/signalbench/cmd/signalserve")
-		if out, err := build.CombinedOutput(); err != nil {
-			return rep, fmt.Errorf("signalbench: building signalserve: %w\n%s", err, out)
-		}
-	}
-
-	serverCPU := o.ServerCPU
-	_, tasksetErr := exec.LookPath("taskset")
-	rep.Pinned = runtime.NumCPU() >= 2 && tasksetErr == nil
-	if !rep.Pinned {
-		serverCPU = -1
-		rep.Warnings = append(rep.Warnings, "not pinned: needs taskset and 2 cores; the relays and the load generator share the machine")
-	} else {
-		restore, err := pinSelf(ctx, o.LoadCPU)
-		if err != nil {
+		if o.Binary, err = serverproc.Build(ctx, "", dir, "edgerelay/bench/signalbench/cmd/signalserve"); err != nil {
 			return rep, err
 		}
-		defer restore()
-		// One core for the load generator: as many Ps as it may use.
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	}
+	pin, err := serverproc.Pin(o.ServerCPU, o.LoadCPU)
+	if err != nil {
+		return rep, err
+	}
+	defer pin.Release()
+	rep.Pinned, rep.Warnings = pin.Pinned, append(rep.Warnings, pin.Warnings()...)
 
-	var procs [2]*proc
+	var procs [2]*serverproc.Proc
 	var pairs [2][]*pair
 	defer func() {
 		for side := range procs {
 			err = errors.Join(err, closePairs(pairs[side]))
 			if procs[side] != nil {
-				err = errors.Join(err, procs[side].stop())
+				err = errors.Join(err, procs[side].Stop())
 			}
 		}
 	}()
 	for side, name := range []string{"ours", "baseline"} {
-		if procs[side], err = startProc(ctx, o.Binary, name, filepath.Join(dir, name), serverCPU); err != nil {
+		argv := []string{o.Binary, "-relay", name, "-data", filepath.Join(dir, name)}
+		if procs[side], err = serverproc.Start(ctx, name, pin.ServerCPU, nil, argv...); err != nil {
 			return rep, err
 		}
-		if pairs[side], err = openPairs(procs[side].addr, o.Pairs); err != nil {
+		if pairs[side], err = openPairs(procs[side].Ready, o.Pairs); err != nil {
 			return rep, fmt.Errorf("signalbench: %s: %w", name, err)
 		}
 	}
@@ -215,7 +200,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (Run, error) {
 			r, err := measure(ctx, procs[side], pairs[side], &f, load.Window, o.RoundTime)
 			if err != nil {
-				return r, fmt.Errorf("signalbench: %d B × %d, round %d, %s: %w", load.Size, load.Window, round, procs[side].name, err)
+				return r, fmt.Errorf("signalbench: %d B × %d, round %d, %s: %w", load.Size, load.Window, round, procs[side].Name, err)
 			}
 			if o.Progress != nil {
 				note := ""
@@ -223,7 +208,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 					note = " (warm-up)"
 				}
 				fmt.Fprintf(o.Progress, "%5d B × %d round %d %-8s %9.0f frames/s %9.0f frames/core-s  core %3.0f%%  %.3f allocs/frame%s\n",
-					load.Size, load.Window, round, procs[side].name, r.PerSec(), r.PerCoreSec(),
+					load.Size, load.Window, round, procs[side].Name, r.PerSec(), r.PerCoreSec(),
 					100*r.CPU.Seconds()/r.Elapsed.Seconds(), float64(r.Mallocs)/float64(r.Frames), note)
 			}
 			return r, nil
@@ -243,20 +228,15 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 
 // measure runs the load once on one relay, taking the relay process's
 // CPU time and allocations over the run.
-func measure(ctx context.Context, p *proc, pairs []*pair, f *frames, window int, d time.Duration) (Run, error) {
-	m0, cpu0, err := p.stats()
-	if err != nil {
-		return Run{}, err
-	}
-	res, err := runLoad(ctx, pairs, f, window, d)
-	if err != nil {
-		return Run{}, err
-	}
-	m1, cpu1, err := p.stats()
-	if err != nil {
-		return Run{}, err
-	}
-	return Run{Frames: res.Frames, Elapsed: res.Elapsed, CPU: cpu1 - cpu0, Mallocs: m1 - m0}, nil
+func measure(ctx context.Context, p *serverproc.Proc, pairs []*pair, f *frames, window int, d time.Duration) (Run, error) {
+	var r Run
+	u, err := p.Measure(ctx, func() error {
+		res, err := runLoad(ctx, pairs, f, window, d)
+		r.Frames, r.Elapsed = res.Frames, res.Elapsed
+		return err
+	})
+	r.CPU, r.Mallocs = u.CPU, u.Mallocs
+	return r, err
 }
 
 func summarize(name string, runs []Run) Side {
@@ -284,117 +264,4 @@ func perCore(runs []Run) []float64 {
 		v[i] = r.PerCoreSec()
 	}
 	return v
-}
-
-// proc is one relay's process (cmd/signalserve).
-type proc struct {
-	name  string
-	addr  string
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string // its standard output, line by line
-	done  chan error
-}
-
-// startProc runs bin serving relay, pinned to cpu unless it is negative,
-// and reads its address.
-func startProc(ctx context.Context, bin, relay, dataDir string, cpu int) (*proc, error) {
-	argv := []string{bin, "-relay", relay, "-data", dataDir}
-	if cpu >= 0 {
-		argv = append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
-	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("signalbench: starting signalserve: %w", err)
-	}
-	p := &proc{name: relay, cmd: cmd, stdin: stdin, lines: make(chan string, 1), done: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	go func() { p.done <- cmd.Wait() }()
-	line, err := p.line()
-	if err != nil {
-		return nil, errors.Join(err, p.stop())
-	}
-	addr, ok := strings.CutPrefix(line, "signalserve addr=")
-	if !ok {
-		return nil, errors.Join(fmt.Errorf("signalbench: %s start-up line %q", relay, line), p.stop())
-	}
-	p.addr = addr
-	return p, nil
-}
-
-// line is the process's next line of output.
-func (p *proc) line() (string, error) {
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			return "", fmt.Errorf("signalbench: the %s relay's process has exited", p.name)
-		}
-		return l, nil
-	case <-time.After(10 * time.Second):
-		return "", fmt.Errorf("signalbench: the %s relay's process said nothing for 10 s", p.name)
-	}
-}
-
-// stats asks the process for its allocations and CPU time so far.
-func (p *proc) stats() (mallocs uint64, cpu time.Duration, err error) {
-	if _, err := io.WriteString(p.stdin, "stats\n"); err != nil {
-		return 0, 0, fmt.Errorf("signalbench: %s: %w", p.name, err)
-	}
-	l, err := p.line()
-	if err != nil {
-		return 0, 0, err
-	}
-	var ns int64
-	if _, err := fmt.Sscanf(l, "stats mallocs=%d cpu_ns=%d", &mallocs, &ns); err != nil {
-		return 0, 0, fmt.Errorf("signalbench: %s: stats line %q: %w", p.name, l, err)
-	}
-	return mallocs, time.Duration(ns), nil
-}
-
-// stop closes the process's input, which makes it shut its relay down
-// and exit; it is killed when that takes more than 15 s.
-func (p *proc) stop() error {
-	_ = p.stdin.Close()
-	select {
-	case err := <-p.done:
-		if err != nil {
-			return fmt.Errorf("signalbench: the %s relay's process: %w", p.name, err)
-		}
-		return nil
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("signalbench: the %s relay's process did not stop within 15 s", p.name)
-	}
-}
-
-// pinSelf moves every thread of this process to cpu (threads made later
-// inherit it) and returns a function that restores the previous set.
-func pinSelf(ctx context.Context, cpu int) (func(), error) {
-	pid := strconv.Itoa(os.Getpid())
-	out, err := exec.CommandContext(ctx, "taskset", "-pc", pid).Output()
-	if err != nil {
-		return nil, fmt.Errorf("signalbench: taskset: %w", err)
-	}
-	// "pid 123's current affinity list: 0,1"
-	_, prev, _ := strings.Cut(strings.TrimSpace(string(out)), ": ")
-	if out, err := exec.CommandContext(ctx, "taskset", "-a", "-pc", strconv.Itoa(cpu), pid).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("signalbench: pinning the load generator: %w: %s", err, out)
-	}
-	return func() { _ = exec.Command("taskset", "-a", "-pc", prev, pid).Run() }, nil
 }
