@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +51,7 @@ type relayProc struct {
 	dataDir string
 	env     []string
 	addrs   map[string]string // service -> host:port, from its start-up lines
+	nofile  int               // when > 0, the process's open-files limit (soft and hard)
 	stdout  []string
 	mu      sync.Mutex
 	stderr  *lockedBuffer
@@ -62,6 +64,13 @@ var listenLine = regexp.MustCompile(`^(\S+):\s+listening on (https?)://(\S+) `)
 // env) and every listener on a free loopback port unless env says otherwise.
 func startServer(t *testing.T, env ...string) *relayProc {
 	t.Helper()
+	return startServerNofile(t, 0, env...)
+}
+
+// startServerNofile is startServer with the process's open-files limit set
+// to nofile (0: inherited).
+func startServerNofile(t *testing.T, nofile int, env ...string) *relayProc {
+	t.Helper()
 	base := []string{
 		"RELAY_DATA_DIR=" + t.TempDir(),
 		"RELAY_ADMIN_LISTEN=127.0.0.1:0",
@@ -73,7 +82,7 @@ func startServer(t *testing.T, env ...string) *relayProc {
 		"RELAY_TURN_LISTEN=",
 		"RELAY_DRAIN_TIMEOUT=5s",
 	}
-	s := &relayProc{t: t, env: mergeEnv(base, env)}
+	s := &relayProc{t: t, env: mergeEnv(base, env), nofile: nofile}
 	for _, kv := range s.env {
 		if v, ok := strings.CutPrefix(kv, "RELAY_DATA_DIR="); ok {
 			s.dataDir = v
@@ -105,6 +114,13 @@ func mergeEnv(base, over []string) []string {
 func (s *relayProc) start() {
 	s.t.Helper()
 	s.cmd = exec.Command(binaryPath, "serve")
+	if s.nofile > 0 {
+		// Go raises the soft limit to the hard one at start, so both go
+		// down (soft first: it may not exceed the hard one). exec keeps
+		// the pid, so signals reach serve itself.
+		lim := strconv.Itoa(s.nofile)
+		s.cmd = exec.Command("sh", "-c", "ulimit -Sn "+lim+" && ulimit -Hn "+lim+` && exec "$0" serve`, binaryPath)
+	}
 	s.cmd.Env = append(cleanEnv(), s.env...)
 	s.stderr = &lockedBuffer{}
 	s.cmd.Stderr = s.stderr

@@ -1,6 +1,8 @@
 // Package netlimit enforces the limits an operator expects on every listener:
 // a cap on concurrent connections in total and per client IP, and an accept
-// rate limit.
+// rate limit. It also rides out the process running out of file
+// descriptors: such connections are closed at once and counted, and Accept
+// never returns the error (see fds.go).
 //
 // It wraps the raw TCP listener, beneath TLS and HTTP, so that a refused
 // connection costs only the accept: it is closed at once, before any
@@ -15,11 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -28,6 +33,7 @@ const (
 	ReasonTotal = "total"  // MaxConns connections were already open
 	ReasonPerIP = "per_ip" // MaxConnsPerIP connections from this IP were already open
 	ReasonRate  = "rate"   // the accept-rate bucket was empty
+	ReasonFDs   = "fds"    // the process (or system) had no file descriptor left
 )
 
 // Limits are one listener's limits. The zero value limits nothing; each
@@ -88,6 +94,12 @@ type Listener struct {
 	burst    float64
 	counters Counters
 	now      func() time.Time // time.Now; replaced in tests
+	fds      *fdGuard
+	// queue is a second descriptor of the listening socket, through which
+	// connections are shed without the runtime's accept (see fds.go); nil
+	// where that cannot be done. raw is its raw connection.
+	queue *os.File
+	raw   syscall.RawConn
 
 	mu     sync.Mutex
 	open   int
@@ -103,7 +115,9 @@ func Wrap(ln net.Listener, lim Limits, c Counters) net.Listener {
 }
 
 // New wraps ln with lim. c, which may be nil, counts refusals. Values that
-// Limits.Validate rejects are treated as 0 (no limit).
+// Limits.Validate rejects are treated as 0 (no limit). Close the Listener
+// rather than ln: it may hold a second descriptor of ln's socket (see
+// fds.go), which keeps the socket listening until the Listener is closed.
 func New(ln net.Listener, lim Limits, c Counters) *Listener {
 	lim.MaxConns = max(lim.MaxConns, 0)
 	lim.MaxConnsPerIP = max(lim.MaxConnsPerIP, 0)
@@ -111,6 +125,8 @@ func New(ln net.Listener, lim Limits, c Counters) *Listener {
 		lim.AcceptRate = 0
 	}
 	l := &Listener{inner: ln, lim: lim, counters: c, now: time.Now}
+	l.queue, l.raw = dupListener(ln)
+	l.fds = newFDGuard(l.raw != nil)
 	if lim.AcceptRate > 0 {
 		l.burst = float64(lim.AcceptBurst)
 		if lim.AcceptBurst <= 0 {
@@ -124,28 +140,53 @@ func New(ln net.Listener, lim Limits, c Counters) *Listener {
 	return l
 }
 
+// SetLog gives the listener a logger for its warnings about running out of
+// file descriptors (a bounded number, see fds.go). Call it before the first
+// Accept; without it nothing is logged.
+func (l *Listener) SetLog(log *slog.Logger) {
+	l.fds.mu.Lock()
+	defer l.fds.mu.Unlock()
+	l.fds.log = log
+}
+
 // Accept waits for a connection within the limits. Connections over a limit
 // are closed immediately and counted, and Accept keeps waiting, so the
-// server above never sees them. It returns the inner listener's errors as
-// they are (a server's accept loop already knows how to handle them).
+// server above never sees them. Running out of file descriptors is ridden
+// out the same way (see fds.go). Other errors of the inner listener are
+// returned as they are (a server's accept loop already knows how to handle
+// them).
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.inner.Accept()
 		if err != nil {
-			return nil, err
+			if !outOfFDs(err) {
+				return nil, err
+			}
+			l.fds.exhausted(l.now(), err, l.Open())
+			if l.shedPending() != nil {
+				l.fds.wait()
+			}
+			continue
+		}
+		if l.fds.inEpisode.Load() {
+			l.fds.accepted(l.now(), l.raw != nil)
 		}
 		ip, hasIP := remoteIP(c)
 		tracked, reason := l.admit(ip, hasIP)
 		if reason != "" {
-			// Counted before the close, so that whoever sees the
-			// connection end also finds it in the metrics.
-			if l.counters != nil {
-				l.counters.Refused(reason)
-			}
+			l.refuse(reason)
 			c.Close()
 			continue
 		}
 		return &conn{Conn: c, l: l, ip: ip, tracked: tracked}, nil
+	}
+}
+
+// refuse counts a refusal. It is called before the connection is closed,
+// so that whoever sees the connection end also finds it in the metrics.
+func (l *Listener) refuse(reason string) {
+	if l.counters != nil {
+		l.counters.Refused(reason)
 	}
 }
 
@@ -217,9 +258,19 @@ func (l *Listener) Open() int {
 	return l.open
 }
 
-// Close closes the inner listener. Connections already accepted stay open
-// and still release their place when closed.
-func (l *Listener) Close() error { return l.inner.Close() }
+// Close closes the inner listener and gives back the spare descriptor.
+// Connections already accepted stay open and still release their place
+// when closed.
+func (l *Listener) Close() error {
+	err := l.inner.Close()
+	// The second descriptor keeps the socket listening until it is closed
+	// too; closing it also ends a shedding that waits on it.
+	if l.queue != nil {
+		_ = l.queue.Close()
+	}
+	l.fds.close()
+	return err
+}
 
 // Addr returns the inner listener's address.
 func (l *Listener) Addr() net.Addr { return l.inner.Addr() }

@@ -23,7 +23,8 @@ func NewPromMetrics(reg prometheus.Registerer) (*PromMetrics, error) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgerelay_listener_refused_total",
 		Help: "Connections closed right after accept because a listener limit was reached; " +
-			"reason is total (max connections), per_ip (max connections per IP) or rate (accept rate).",
+			"reason is total (max connections), per_ip (max connections per IP), rate (accept rate) " +
+			"or fds (the process had no file descriptor left).",
 	}, []string{"service", "reason"})
 	if err := reg.Register(refused); err != nil {
 		var already prometheus.AlreadyRegisteredError
@@ -39,7 +40,7 @@ func NewPromMetrics(reg prometheus.Registerer) (*PromMetrics, error) {
 	return &PromMetrics{reg: reg, refused: refused}, nil
 }
 
-// For returns the Counters of one service. The three reasons' series are
+// For returns the Counters of one service. The reasons' series are
 // created at once, at zero, so that rate() and alerts work before the first
 // refusal; no label ever carries a client IP, which would let clients grow
 // the series without bound.
@@ -50,6 +51,7 @@ func (m *PromMetrics) For(service string) Counters {
 		total:   m.refused.WithLabelValues(service, ReasonTotal),
 		perIP:   m.refused.WithLabelValues(service, ReasonPerIP),
 		rate:    m.refused.WithLabelValues(service, ReasonRate),
+		fds:     m.refused.WithLabelValues(service, ReasonFDs),
 	}
 }
 
@@ -74,6 +76,7 @@ type promCounters struct {
 	service            string
 	vec                *prometheus.CounterVec
 	total, perIP, rate prometheus.Counter
+	fds                prometheus.Counter
 }
 
 func (c *promCounters) Refused(reason string) {
@@ -84,6 +87,8 @@ func (c *promCounters) Refused(reason string) {
 		c.perIP.Inc()
 	case ReasonRate:
 		c.rate.Inc()
+	case ReasonFDs:
+		c.fds.Inc()
 	default:
 		c.vec.WithLabelValues(c.service, reason).Inc()
 	}

@@ -17,6 +17,7 @@ func TestPromMetricsSharedAcrossServices(t *testing.T) {
 	mailbox.Refused(ReasonRate)
 	mailbox.Refused(ReasonRate)
 	agent.Refused(ReasonTotal)
+	agent.Refused(ReasonFDs)
 	agent.Refused("other") // an unknown reason still counts, under its own label
 
 	// A second PromMetrics on the same registry shares the counter.
@@ -33,7 +34,9 @@ func TestPromMetricsSharedAcrossServices(t *testing.T) {
 		{"mailbox", ReasonRate, 3},
 		{"mailbox", ReasonTotal, 0}, // present at zero before any refusal
 		{"mailbox", ReasonPerIP, 0},
+		{"mailbox", ReasonFDs, 0},
 		{"agent", ReasonTotal, 1},
+		{"agent", ReasonFDs, 1},
 		{"agent", "other", 1},
 	} {
 		got, ok := gather(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": tc.service, "reason": tc.reason})

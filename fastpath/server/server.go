@@ -70,7 +70,9 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		return nil, fmt.Errorf("server %s: listen %s: %w", svc.Name, svc.Addr, err)
 	}
 	log = log.With("service", svc.Name)
-	l := &Listener{svc: svc, ln: netlimit.New(raw, svc.Limits, counters), log: log, errCh: make(chan error, 1)}
+	limited := netlimit.New(raw, svc.Limits, counters)
+	limited.SetLog(log)
+	l := &Listener{svc: svc, ln: limited, log: log, errCh: make(chan error, 1)}
 	l.srv = &fasthttp.Server{
 		Name:                          "edgerelay",
 		Handler:                       svc.Handler,
