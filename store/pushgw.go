@@ -204,6 +204,10 @@ type budgetState struct {
 	day      int64 // days since the Unix epoch, UTC
 	used     int64 // draws counted today (refunds subtract)
 	reserved int64 // durable count for today; used <= reserved
+	// exact is set by FlushBudget: from then on every draw and refund
+	// writes the exact count, so that sends still finishing while the
+	// gateway stops leave no reservation behind.
+	exact bool
 }
 
 // NewPushGateway returns the key store scope of db, with its keys loaded.
@@ -717,7 +721,11 @@ func (g *PushGateway) DrawBudget(limit int64, now time.Time) (BudgetDraw, bool, 
 		return BudgetDraw{}, false, nil
 	}
 	if b.used >= b.reserved {
-		next := min(limit, b.used+budgetBlock)
+		block := int64(budgetBlock)
+		if b.exact {
+			block = 1
+		}
+		next := min(limit, b.used+block)
 		if err := g.writeBudget(b.day, next); err != nil {
 			return BudgetDraw{}, false, err
 		}
@@ -738,6 +746,10 @@ func (g *PushGateway) RefundBudget(d BudgetDraw) {
 	defer b.mu.Unlock()
 	if b.loaded && b.day == d.day && b.used > 0 {
 		b.used--
+		// A failed write leaves the count one too high: early, never late.
+		if b.exact && g.writeBudget(b.day, b.used) == nil {
+			b.reserved = b.used
+		}
 	}
 }
 
@@ -753,12 +765,16 @@ func (g *PushGateway) BudgetUsed(now time.Time) (int64, error) {
 }
 
 // FlushBudget writes the exact count of the current day in place of its
-// reservation, so that a clean stop forfeits nothing. It is safe at any
-// time: a later draw reserves again before it counts.
+// reservation, so that a clean stop forfeits nothing. A stopping gateway
+// calls it while its last sends may still be running, so from then on
+// every draw and refund writes the exact count instead of reserving a
+// block: a draw made after the flush would otherwise reserve a block that
+// no later flush gives back.
 func (g *PushGateway) FlushBudget() error {
 	b := &g.budget
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.exact = true
 	if !b.loaded || b.reserved == b.used {
 		return nil
 	}

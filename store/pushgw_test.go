@@ -433,3 +433,36 @@ func TestBudgetConcurrentDrawsAreExact(t *testing.T) {
 		t.Fatalf("%d draws allowed, want %d", allowed, limit)
 	}
 }
+
+// A gateway flushes its budget when it starts to stop, while sends may
+// still be running: draws and refunds after the flush must leave the exact
+// count on disk, not a fresh reservation that no later flush gives back.
+func TestBudgetDrawsAfterFlushAreExact(t *testing.T) {
+	dir := t.TempDir()
+	db := openTemp(t, dir)
+	g := openGateway(t, db, PushScopeShared)
+	now := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
+	var last BudgetDraw
+	for i := range 5 {
+		if i == 3 { // the drain starts; two sends are still finishing
+			if err := g.FlushBudget(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ok bool
+		var err error
+		if last, ok, err = g.DrawBudget(1000, now); !ok || err != nil {
+			t.Fatalf("draw %d: %v %v", i, ok, err)
+		}
+	}
+	g.RefundBudget(last)
+	if err := db.Close(); err != nil { // no second flush: the process ends
+		t.Fatal(err)
+	}
+	db = openTemp(t, dir)
+	defer db.Close()
+	g = openGateway(t, db, PushScopeShared)
+	if n, err := g.BudgetUsed(now); err != nil || n != 4 {
+		t.Fatalf("used after the stop %d (%v), want exactly 4", n, err)
+	}
+}

@@ -206,8 +206,10 @@ func (h *Handler) Configured() bool { return h.sender != nil }
 
 // Drain writes the daily budget's exact count in place of its reservation
 // (see store.PushGateway.FlushBudget), so that a clean stop forfeits no
-// budget. Sends still running keep their guarantees: their draws were
-// reserved durably before they counted. It fits server.Service.Drain.
+// budget. Sends still running, and those that keep-alive connections
+// bring before the listener's shutdown closes them, count exactly too:
+// after the flush every draw writes its count. It fits
+// server.Service.Drain.
 func (h *Handler) Drain(context.Context) error {
 	if err := h.store.FlushBudget(); err != nil {
 		return fmt.Errorf("pushgw: %w", err)
