@@ -178,6 +178,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		svc := r.service(string(config.Mailbox), l, h.ServeHTTP, h.Drain)
 		svc.MaxBodyBytes = cfg.Mailbox.MaxEnvelope + 4096
 		svc.KeepHijackedConns = true
+		svc.ErrorHandler = h.ServeError
 		services = append(services, svc)
 		names := make([]string, 0, len(apps))
 		for n := range apps {
@@ -598,6 +599,7 @@ func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, service
 	svc := r.service(string(config.Agent), l, h.ServeHTTP, h.Drain)
 	svc.TLS = tlsconf.ServerConfig(rl, true)
 	svc.MaxBodyBytes = 64 << 10
+	svc.ErrorHandler = h.ServeError
 	*services = append(*services, svc)
 	line := "relay key " + h.PublicKey() + "; pair a runtime: edgerelay keys agent account add NAME, then edgerelay keys agent pair-key NAME"
 	if devCA != "" {

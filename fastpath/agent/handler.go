@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ndjson"
+	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/ws"
 	"edgerelay/store"
 )
@@ -197,6 +198,14 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	default:
 		answerError(ctx, fasthttp.StatusNotFound, "not found")
 	}
+}
+
+// ServeError answers the requests the listener refuses before the handler
+// runs (headers or body over the limit, a client too slow, garbage) in the
+// agent relay's error shape. Use it as the listener's ErrorHandler.
+func (h *Handler) ServeError(ctx *fasthttp.RequestCtx, err error) {
+	status, msg := server.Refusal(err)
+	answerError(ctx, status, msg)
 }
 
 // answerError answers status with the agent relay's error shape,

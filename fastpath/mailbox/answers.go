@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"edgerelay/fastpath/server"
 )
 
 // Error answers are fixed JSON bodies: {"error":"<code>","status":<n>}.
@@ -30,7 +32,28 @@ var (
 	errInternal        = newProblem(500, "internal")
 	errUpstreamUnavail = newProblem(502, "upstream_unavailable")
 	_                  = errUpstreamUnavail
+	// Refusals the listener makes before the handler runs (see ServeError);
+	// the spec's table has no code for them, so they get codes of their own.
+	errTimeout         = newProblem(408, "timeout")
+	errHeadersTooLarge = newProblem(431, "headers_too_large")
 )
+
+// ServeError answers the requests the listener refuses before the handler
+// runs (headers over the limit, a body over the limit, a client too slow,
+// garbage) in the mailbox's error shape. Use it as the listener's
+// ErrorHandler.
+func (h *Handler) ServeError(ctx *fasthttp.RequestCtx, err error) {
+	switch status, _ := server.Refusal(err); status {
+	case fasthttp.StatusRequestHeaderFieldsTooLarge:
+		errHeadersTooLarge.answer(ctx)
+	case fasthttp.StatusRequestEntityTooLarge:
+		errTooLarge.answer(ctx)
+	case fasthttp.StatusRequestTimeout:
+		errTimeout.answer(ctx)
+	default:
+		errBadRequest.answer(ctx)
+	}
+}
 
 func (p problem) answer(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(p.status)

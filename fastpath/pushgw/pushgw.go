@@ -46,6 +46,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/bucket"
+	"edgerelay/fastpath/server"
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/store"
@@ -261,18 +262,8 @@ func (h *Handler) ServeError(ctx *fasthttp.RequestCtx, err error) {
 	newUUID(&r.id)
 	ctx.Response.Header.SetBytesV("X-Request-Id", r.id[:])
 	defer h.finish(ctx, &r)
-	var small *fasthttp.ErrSmallBuffer
-	var timeout interface{ Timeout() bool }
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		h.fail(ctx, &r, fasthttp.StatusRequestEntityTooLarge, "request body too large")
-	case errors.As(err, &small):
-		h.fail(ctx, &r, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large")
-	case errors.As(err, &timeout) && timeout.Timeout():
-		h.fail(ctx, &r, fasthttp.StatusRequestTimeout, "request timeout")
-	default:
-		h.fail(ctx, &r, fasthttp.StatusBadRequest, "malformed request")
-	}
+	status, msg := server.Refusal(err)
+	h.fail(ctx, &r, status, msg)
 }
 
 // finish logs the request line and counts the answer. It also turns a

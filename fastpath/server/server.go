@@ -96,23 +96,30 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 	return l, nil
 }
 
-// errorAnswer turns fasthttp's own refusals (oversized headers or body,
-// timeouts, garbage) into the JSON error shape every endpoint uses.
-func errorAnswer(ctx *fasthttp.RequestCtx, err error) {
+// Refusal classifies an error fasthttp hands an ErrorHandler (it refused
+// the request before any handler ran) into the status to answer and a
+// message: 431 for headers over MaxHeaderBytes, 413 for a body over
+// MaxBodyBytes, 408 for a client too slow for HeaderTimeout, 400 for
+// anything else. Each protocol writes them in its own error shape.
+func Refusal(err error) (status int, message string) {
 	var tooBig *fasthttp.ErrSmallBuffer
+	var te interface{ Timeout() bool }
 	switch {
 	case errors.As(err, &tooBig):
-		httpx.Error(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large")
+		return fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large"
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		httpx.Error(ctx, fasthttp.StatusRequestEntityTooLarge, "body too large")
-	default:
-		var te interface{ Timeout() bool }
-		if errors.As(err, &te) && te.Timeout() {
-			httpx.Error(ctx, fasthttp.StatusRequestTimeout, "request timeout")
-			return
-		}
-		httpx.Error(ctx, fasthttp.StatusBadRequest, "malformed request")
+		return fasthttp.StatusRequestEntityTooLarge, "request body too large"
+	case errors.As(err, &te) && te.Timeout():
+		return fasthttp.StatusRequestTimeout, "request timeout"
 	}
+	return fasthttp.StatusBadRequest, "malformed request"
+}
+
+// errorAnswer answers fasthttp's own refusals in the {"error":"<message>"}
+// shape of the private channel relay and the admin listener.
+func errorAnswer(ctx *fasthttp.RequestCtx, err error) {
+	status, msg := Refusal(err)
+	httpx.Error(ctx, status, msg)
 }
 
 // Addr is the address actually listened on (useful with port 0).

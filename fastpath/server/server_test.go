@@ -105,7 +105,7 @@ func TestBodySizeLimit(t *testing.T) {
 	if resp.StatusCode != 413 {
 		t.Fatalf("1001 bytes: %d", resp.StatusCode)
 	}
-	if msg := errorBody(t, resp.Body); msg != "body too large" {
+	if msg := errorBody(t, resp.Body); msg != "request body too large" {
 		t.Fatalf("error %q", msg)
 	}
 }
