@@ -218,11 +218,11 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		AgentKeys: agentKeys, AgentPublicKey: agentPub, Log: log.With("service", "admin"),
 	})
 	if cfg.AdminListen != "" {
-		services = append(services, server.Service{
-			Name: "admin", Addr: cfg.AdminListen, Handler: r.admin.ServeHTTP,
-			HeaderTimeout: cfg.Limits.HeaderTimeout, IdleTimeout: cfg.Limits.IdleTimeout,
-			MaxHeaderBytes: cfg.Limits.MaxHeaderBytes, MaxBodyBytes: 64 << 10,
-		})
+		// The same caps as every other listener: the admin listener is
+		// loopback by default, but nothing stops an operator from exposing it.
+		svc := r.service("admin", config.Listener{Addr: cfg.AdminListen}, r.admin.ServeHTTP, nil)
+		svc.MaxBodyBytes = 64 << 10
+		services = append(services, svc)
 	}
 
 	tlsOn := map[string]bool{}

@@ -434,6 +434,27 @@ func TestListenerLimitsRefuseAndCount(t *testing.T) {
 	if code, _ := get(t, s.origin("channel")+"/health"); code != 200 {
 		t.Fatalf("health after a slot freed: %d", code)
 	}
+
+	// The admin listener has the same caps: the scrapes above hold one
+	// keep-alive connection, one more fills it, the next is refused.
+	adminHeld, err := net.Dial("tcp", s.addrs["admin"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adminHeld.Close()
+	waitUntil(t, func() bool { return metric(`edgerelay_listener_open_connections{service="admin"}`) == "2" })
+	over, err := net.Dial("tcp", s.addrs["admin"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := over.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("third admin connection was served: %d %v", n, err)
+	}
+	if got := metric(`edgerelay_listener_refused_total{reason="total",service="admin"}`); got != "1" {
+		t.Fatalf("admin refusals counted: %q", got)
+	}
 }
 
 func waitUntil(t *testing.T, cond func() bool) {
