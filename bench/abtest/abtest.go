@@ -62,11 +62,23 @@ func Median[T ~int64 | ~float64](v []T) T {
 // one round ran back to back, so this shrugs off a machine whose speed
 // drifts between rounds better than Median(a) / Median(b) does. Rounds
 // beyond the shorter slice are ignored.
-func RoundRatio(a, b []float64) float64 {
+func RoundRatio(a, b []float64) float64 { return Median(RoundRatios(a, b)) }
+
+// RoundRatios are the rounds' a[i] / b[i], for RoundRatio and its spread.
+func RoundRatios(a, b []float64) []float64 {
 	n := min(len(a), len(b))
 	r := make([]float64, n)
 	for i := range n {
 		r[i] = a[i] / b[i]
 	}
-	return Median(r)
+	return r
+}
+
+// Spread is the smallest and the largest of v (zeros for none): with the
+// median, what a report gives of a figure measured over several rounds.
+func Spread[T ~int64 | ~float64](v []T) (lo, hi T) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	return slices.Min(v), slices.Max(v)
 }

@@ -71,3 +71,15 @@ func TestRoundRatio(t *testing.T) {
 		t.Errorf("RoundRatio = %v, want 3", got)
 	}
 }
+
+func TestSpread(t *testing.T) {
+	if lo, hi := Spread([]float64{3, 1, 2}); lo != 1 || hi != 3 {
+		t.Errorf("Spread = %v–%v, want 1–3", lo, hi)
+	}
+	if lo, hi := Spread[float64](nil); lo != 0 || hi != 0 {
+		t.Errorf("Spread(nil) = %v–%v", lo, hi)
+	}
+	if r := RoundRatios([]float64{10, 40}, []float64{5, 10, 4}); !slices.Equal(r, []float64{2, 4}) {
+		t.Errorf("RoundRatios = %v", r)
+	}
+}

@@ -1,26 +1,28 @@
 // Package agentbench compares our agent relay (fastpath/agent) with the
 // baseline in bench/baseline/agent, which decodes every line with
 // encoding/json and encodes it again, as the reference relay does. Both
-// are served over TLS 1.3 on loopback in this process and driven by the
-// same load generator: one instance and a few attached clients, spoken by
-// hand so that the generator costs the same against both and little.
+// are served over TLS 1.3 on loopback, each in a process of its own
+// (cmd/agentserve) pinned to one core where the machine allows, and driven
+// from this process, pinned to another core, by the same load generator:
+// one instance and a few attached clients, spoken by hand so that the
+// generator costs the same against both and little.
 //
 // Three figures per relay and direction (instance to client, client to
 // instance):
 //
-//   - Frames per second, and frames per CPU-second of the whole process:
-//     the per-core figure, since the rounds keep both cores busy. The
-//     generator's own CPU is in both sides alike, so the ratio
-//     understates the relays' difference rather than overstating it.
-//   - Allocations per frame, process-wide (the generator allocates next
-//     to nothing; see fastpath/agent's Alloc tests for the relay alone).
+//   - Frames per second, and frames per CPU-second of the relay's process:
+//     the per-core figure, which compares the relays' cost per frame
+//     fairly even when the load generator's one core sets the pace.
+//   - The relay process's heap allocations per frame (see fastpath/agent's
+//     Alloc tests for the exact count per routed frame).
 //   - One-way latency through the relay, p50 and p99, with frames paced
-//     at half the per-core capacity that relay measured: how long a frame takes
-//     when the relay is busy but not saturated. Beside it, the same
-//     measurement over one TLS connection without a relay, at the same
-//     rate: the floor of the generator, TLS and the kernel; the difference
-//     is what the relay adds (an estimate: quantiles do not subtract
-//     exactly, and the path through a relay has two TLS hops, not one).
+//     at half the rate the slower relay sustained (per wall second or per
+//     relay CPU-second, whichever is lower), the same rate for both: how
+//     long a frame takes when the relays are busy but not saturated. Beside it, the same measurement
+//     over one TLS connection without a relay, at the same rate: the
+//     floor of the generator, TLS and the kernel; the difference is what
+//     the relay adds (an estimate: quantiles do not subtract exactly, and
+//     the path through a relay has two TLS hops, not one).
 //
 // The relays run alternately, round by round (package abtest), and the
 // first round of each is dropped as warm-up.
@@ -35,6 +37,7 @@ import (
 	"time"
 
 	"edgerelay/bench/abtest"
+	"edgerelay/bench/serverproc"
 )
 
 // Options shape a comparison. Zero fields take the defaults noted.
@@ -59,6 +62,13 @@ type Options struct {
 	// DataDir holds our relay's store and key and the TLS certificate; a
 	// temporary directory when empty.
 	DataDir string
+	// ServerCPU and LoadCPU are the cores the relays and the load
+	// generator are pinned to. Defaults 0 and 1; pinning is skipped (and
+	// the report says so) on one core or without taskset.
+	ServerCPU, LoadCPU int
+	// Binary is cmd/agentserve; built into a temporary directory (from the
+	// working directory, which must be inside the module) when empty.
+	Binary string
 	// Progress, when not nil, gets one line per run.
 	Progress io.Writer
 }
@@ -82,6 +92,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.LatencyRounds == 0 {
 		o.LatencyRounds = 3
 	}
+	if o.ServerCPU == 0 && o.LoadCPU == 0 {
+		o.LoadCPU = 1
+	}
 	if o.Rounds < 2 {
 		return o, fmt.Errorf("agentbench: Rounds %d: need at least 2 (the first is dropped)", o.Rounds)
 	}
@@ -100,15 +113,15 @@ type Direction struct {
 	// medians are theirs.
 	FramesPerSec, FramesPerCPUSec []float64
 	Median, MedianPerCPU          float64
-	// AllocsPerFrame is process-wide mallocs over the counted rounds
-	// divided by their frames.
+	// AllocsPerFrame is the relay process's mallocs over the counted
+	// rounds divided by their frames.
 	AllocsPerFrame float64
-	// LatencyRate is the paced rate of the latency runs: half the
-	// capacity of one core (MedianPerCPU / 2), so that the relay is busy
-	// but far from saturated whatever the core count. (Half of the wall
-	// figure would not do: the throughput rounds reach it with big
-	// batches and both cores, which paced traffic does not have.) P50 and
-	// P99 are the one-way latencies through the relay
+	// LatencyRate is the paced rate of the latency runs, the same for both
+	// relays: half of what the slower one sustained on its one core, per
+	// wall second or per relay CPU-second, whichever is lower (the load
+	// generator, on a core of its own, may set the pace), so that both are
+	// busy and neither is saturated. P50 and P99 are the one-way latencies
+	// through the relay
 	// (medians over the latency rounds), LatencyFrames how many frames
 	// arrived in all.
 	LatencyRate   float64
@@ -139,7 +152,11 @@ type Report struct {
 	RoundRatioToClient, RoundRatioToInstance float64
 	// WallRatio* compare frames per second of wall time.
 	WallRatioToClient, WallRatioToInstance float64
-	Elapsed                                time.Duration
+	// Pinned says the relays and the load generator ran on separate
+	// cores; Warnings say why not when they did not.
+	Pinned   bool
+	Warnings []string
+	Elapsed  time.Duration
 }
 
 // round is one throughput round of one relay.
@@ -164,12 +181,24 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	if err != nil {
 		return Report{}, fmt.Errorf("agentbench: TLS: %w", err)
 	}
-	ours, err := startOurs(dir, ts)
+	if o.Binary == "" {
+		if o.Binary, err = serverproc.Build(ctx, "", dir, "edgerelay/bench/agentbench/cmd/agentserve"); err != nil {
+			return Report{}, err
+		}
+	}
+	pin, err := serverproc.Pin(o.ServerCPU, o.LoadCPU)
+	if err != nil {
+		return Report{}, err
+	}
+	defer pin.Release()
+	// The relays' processes serve the certificate newTLS made in dir
+	// (EnsureDevCert reuses valid files), which the generator trusts.
+	ours, err := startProcess(ctx, o.Binary, "ours", dir, pin.ServerCPU, ts)
 	if err != nil {
 		return Report{}, fmt.Errorf("agentbench: starting our relay: %w", err)
 	}
 	defer func() { err = errors.Join(err, ours.close()) }()
-	base, err := startBaseline(ts)
+	base, err := startProcess(ctx, o.Binary, "baseline", dir, pin.ServerCPU, ts)
 	if err != nil {
 		return Report{}, fmt.Errorf("agentbench: starting the baseline: %w", err)
 	}
@@ -212,9 +241,10 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep = Report{Options: o, Ours: summarize("ours", runs[0]), Baseline: summarize("baseline", runs[1])}
+	rep = Report{Options: o, Ours: summarize("ours", runs[0]), Baseline: summarize("baseline", runs[1]),
+		Pinned: pin.Pinned, Warnings: pin.Warnings()}
 
-	// Latency at half of each relay's own capacity, and the floor at the
+	// Latency at half of the slower relay's capacity, and the floor at the
 	// same rate without a relay.
 	direct, err := newDirectPair(ctx, ts)
 	if err != nil {
@@ -246,9 +276,13 @@ type latencyRun struct {
 // fills in the report's latency figures.
 func measureLatency(ctx context.Context, o Options, rep *Report, rigs [2]*rig, direct *directPair) error {
 	sides := [2]*Side{&rep.Ours, &rep.Baseline}
+	// One rate per direction for both relays, so that their latencies
+	// compare at the same offered load.
+	rate := func(d Direction) float64 { return min(d.MedianPerCPU, d.Median) / 2 }
+	rateToClient := min(rate(rep.Ours.ToClient), rate(rep.Baseline.ToClient))
+	rateToInstance := min(rate(rep.Ours.ToInstance), rate(rep.Baseline.ToInstance))
 	for _, side := range sides {
-		side.ToClient.LatencyRate = side.ToClient.MedianPerCPU / 2
-		side.ToInstance.LatencyRate = side.ToInstance.MedianPerCPU / 2
+		side.ToClient.LatencyRate, side.ToInstance.LatencyRate = rateToClient, rateToInstance
 	}
 	runs, err := abtest.Alternate(o.LatencyRounds+1, 1, func(i, n int) (latencyRun, error) {
 		var res latencyRun

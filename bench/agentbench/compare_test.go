@@ -12,7 +12,7 @@ func TestCompareSmall(t *testing.T) {
 	defer cancel()
 	var progress strings.Builder
 	rep, err := Compare(ctx, Options{
-		Rounds: 3, Frames: 2000, Clients: 2, PayloadSize: 300, LatencyTime: 200 * time.Millisecond, LatencyRounds: 1,
+		Rounds: 3, Frames: 40_000, Clients: 2, PayloadSize: 300, LatencyTime: 200 * time.Millisecond, LatencyRounds: 1,
 		DataDir: t.TempDir(), Progress: &progress,
 	})
 	if err != nil {

@@ -68,8 +68,8 @@ func (w *window) kill() {
 type sample struct {
 	frames  int
 	wall    time.Duration
-	cpu     time.Duration // user + system time of the whole process
-	mallocs uint64
+	cpu     time.Duration // user + system time of the relay's process
+	mallocs uint64        // heap allocations of the relay's process
 }
 
 func (s sample) perSec() float64    { return float64(s.frames) / s.wall.Seconds() }
@@ -82,9 +82,22 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// measured runs fn and records its wall time, CPU time and mallocs. A
-// collection first makes every run start with the same heap.
-func measured(frames int, fn func() error) (sample, error) {
+// measured runs fn and records its wall time and what it cost the relay:
+// the CPU time and allocations of t's process when it runs in one of its
+// own, else of this whole process (the relay and the load generator,
+// which allocates next to nothing). A collection first makes every run
+// start with the same heap.
+func measured(ctx context.Context, t *target, frames int, fn func() error) (sample, error) {
+	if t.proc != nil {
+		var wall time.Duration
+		u, err := t.proc.Measure(ctx, func() error {
+			t0 := time.Now()
+			err := fn()
+			wall = time.Since(t0)
+			return err
+		})
+		return sample{frames: frames, wall: wall, cpu: u.CPU, mallocs: u.Mallocs}, err
+	}
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -115,7 +128,7 @@ func runToClient(ctx context.Context, r *rig, frames, size int) (sample, error) 
 	win := newWindow(inFlight * n)
 	stop := context.AfterFunc(ctx, win.kill)
 	defer stop()
-	return measured(frames, func() error {
+	return measured(ctx, r.t, frames, func() error {
 		errs := make(chan error, n+1)
 		for _, c := range r.clients {
 			go func() { errs <- readServerFrames(c, frames/n, win, nil) }()
@@ -147,7 +160,7 @@ func runToInstance(ctx context.Context, r *rig, frames, size int) (sample, error
 	win := newWindow(inFlight * n)
 	stop := context.AfterFunc(ctx, win.kill)
 	defer stop()
-	return measured(frames, func() error {
+	return measured(ctx, r.t, frames, func() error {
 		errs := make(chan error, n+1)
 		go func() { errs <- readLines(r.inst, frames, win, nil) }()
 		for _, c := range r.clients {

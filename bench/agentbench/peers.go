@@ -12,6 +12,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"edgerelay/bench/serverproc"
 )
 
 // The load generator's peers speak the protocol by hand over TLS 1.3: the
@@ -30,6 +32,9 @@ type target struct {
 	instToken   string
 	clientToken string
 	close       func() error
+	// proc is the relay's process when it runs in one of its own (nil
+	// when it runs in this one).
+	proc *serverproc.Proc
 }
 
 // peer is one connection of the load generator.

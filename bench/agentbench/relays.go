@@ -2,6 +2,7 @@ package agentbench
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,10 +13,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	baseline "edgerelay/bench/baseline/agent"
 	"edgerelay/bench/relayserve"
+	"edgerelay/bench/serverproc"
 	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/tlsconf"
 	"edgerelay/store"
@@ -139,4 +143,48 @@ func startBaseline(ts tlsSetup) (*target, error) {
 	}
 	t.addr, t.close = r.Addr, r.Close
 	return t, nil
+}
+
+// ServeProcess is the body of cmd/agentserve, one relay of the comparison
+// in a process of its own: it serves relay ("ours" or "baseline") with the
+// TLS certificate kept in dir (which the benchmark made with the same
+// development CA it trusts) and our relay's store and key below it, then
+// serves serverproc's commands (see serverproc.Serve) until in ends. Its
+// ready line is "ready <addr> <instance> <instance token> <client
+// token>": ours has paired its instance through POST /v1/pair/redeem by
+// then.
+func ServeProcess(relay, dir string, in io.Reader, out io.Writer) (err error) {
+	ts, err := newTLS(dir)
+	if err != nil {
+		return fmt.Errorf("agentserve: TLS: %w", err)
+	}
+	var t *target
+	switch relay {
+	case "ours":
+		t, err = startOurs(filepath.Join(dir, "ours"), ts)
+	case "baseline":
+		t, err = startBaseline(ts)
+	default:
+		return fmt.Errorf("agentserve: unknown relay %q (want ours or baseline)", relay)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, t.close()) }()
+	return serverproc.Serve(serverproc.ServeOptions{Ready: strings.Join([]string{t.addr, t.instance, t.instToken, t.clientToken}, " ")}, in, out)
+}
+
+// startProcess runs cmd/agentserve serving relay, pinned to cpu unless it
+// is negative, and makes the target its ready line describes.
+func startProcess(ctx context.Context, bin, relay, dir string, cpu int, ts tlsSetup) (*target, error) {
+	p, err := serverproc.Start(ctx, relay, cpu, nil, bin, "-relay", relay, "-dir", dir)
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(p.Ready)
+	if len(f) != 4 {
+		return nil, errors.Join(fmt.Errorf("agentbench: %s: ready line %q", relay, p.Ready), p.Stop())
+	}
+	return &target{name: relay, addr: f[0], tls: ts.client, instance: f[1], instToken: f[2], clientToken: f[3],
+		close: p.Stop, proc: p}, nil
 }

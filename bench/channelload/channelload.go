@@ -70,8 +70,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	ownerToken, phoneToken := randomToken(), randomToken()
-	if err := claim(ctx, o, ownerToken, phoneToken); err != nil {
+	ownerToken, phoneToken := NewToken(), NewToken()
+	if err := Claim(ctx, o, ownerToken, phoneToken); err != nil {
 		return Result{}, err
 	}
 
@@ -202,7 +202,9 @@ func wsBase(origin string) (string, error) {
 	return strings.TrimSuffix(u.String(), "/"), nil
 }
 
-func claim(ctx context.Context, o Options, ownerToken, phoneToken string) error {
+// Claim claims the computer of o.ClaimKey on the relay at o.Origin with
+// the given tokens, as a computer's first start does.
+func Claim(ctx context.Context, o Options, ownerToken, phoneToken string) error {
 	body, _ := json.Marshal(map[string]string{"ownerToken": ownerToken, "phoneToken": phoneToken})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 		strings.TrimSuffix(o.Origin, "/")+"/claim", bytes.NewReader(body))
@@ -382,7 +384,9 @@ func fillFrame(buf []byte, phone, seq int) {
 	}
 }
 
-func randomToken() string {
+// NewToken is a fresh secret of the shape the protocol's keys and tokens
+// have: 32 random bytes in hex.
+func NewToken() string {
 	var b [32]byte
 	_, _ = rand.Read(b[:]) // never fails since Go 1.24
 	return hex.EncodeToString(b[:])

@@ -19,7 +19,7 @@ func BenchmarkBaselineForwarding(b *testing.B) {
 		{4, 16 << 10},
 	} {
 		b.Run(fmt.Sprintf("phones=%d/size=%d", bc.phones, bc.size), func(b *testing.B) {
-			key := randomToken()
+			key := NewToken()
 			srv := baseline(b, key)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()

@@ -26,7 +26,7 @@ func baseline(t testing.TB, keys ...string) *httptest.Server {
 }
 
 func TestRunAgainstBaseline(t *testing.T) {
-	key := randomToken()
+	key := NewToken()
 	srv := baseline(t, key)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -53,7 +53,7 @@ func TestRunAgainstBaseline(t *testing.T) {
 }
 
 func TestRunLargestFramesUnevenSplit(t *testing.T) {
-	key := randomToken()
+	key := NewToken()
 	srv := baseline(t, key)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

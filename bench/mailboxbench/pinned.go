@@ -305,19 +305,13 @@ func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...
 func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error) {
 	o := b.o
 	seedArgs := []string{"-mailboxes", strconv.Itoa(o.Mailboxes), "-stored", strconv.Itoa(o.Stored), "-size", strconv.Itoa(o.EnvelopeSize)}
-	var procs [2]*serverproc.Proc
-	defer func() {
-		for _, p := range procs {
-			if p != nil {
-				err = errors.Join(err, p.Stop())
-			}
-		}
-	}()
-	for side, name := range [2]string{"ours", "baseline"} {
-		if procs[side], err = b.start(ctx, name, filepath.Join(b.dataDir, "reads-"+name), seedArgs...); err != nil {
-			return nil, err
-		}
+	procs, err := serverproc.StartPair(func(name string) (*serverproc.Proc, error) {
+		return b.start(ctx, name, filepath.Join(b.dataDir, "reads-"+name), seedArgs...)
+	})
+	if err != nil {
+		return nil, err
 	}
+	defer func() { err = errors.Join(err, procs.Stop()) }()
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "read servers seeded and listening (%d mailboxes × %d envelopes of %d B each)\n", o.Mailboxes, o.Stored, o.EnvelopeSize)
 	}

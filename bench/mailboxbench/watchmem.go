@@ -12,7 +12,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/bench/abtest"
 	"edgerelay/bench/serverproc"
 )
 
@@ -62,13 +61,11 @@ func (o WatchOptions) withDefaults() (WatchOptions, error) {
 // per socket, and the server's own reports before and after).
 type WatchSide = serverproc.IdleCost
 
-// WatchReport is the outcome of CompareWatchMemory.
+// WatchReport is the outcome of CompareWatchMemory: the costs of each
+// round's servers, their medians and ratio.
 type WatchReport struct {
-	Options        WatchOptions // defaults filled in
-	Ours, Baseline []WatchSide  // one per round
-	// OursMedian and BaselineMedian are the medians of PerSocket; Ratio is
-	// BaselineMedian / OursMedian (above 1: ours holds a socket in less).
-	OursMedian, BaselineMedian, Ratio float64
+	Options WatchOptions // defaults filled in
+	serverproc.IdleComparison
 }
 
 // BuildWatchmem builds cmd/watchmem into dir and returns its path.
@@ -95,35 +92,13 @@ func CompareWatchMemory(ctx context.Context, o WatchOptions) (WatchReport, error
 	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Sockets)+256 {
 		return WatchReport{}, fmt.Errorf("mailboxbench: %d sockets need as many open files; the limit is %d (%v)", o.Sockets, limit, err)
 	}
-	impls := [2]string{"ours", "baseline"}
-	runs, err := abtest.Alternate(o.Rounds, 0, func(side, round int) (WatchSide, error) {
-		s, err := measureWatch(ctx, impls[side], round, o)
-		if err != nil {
-			return s, fmt.Errorf("mailboxbench: watch memory, %s, round %d: %w", impls[side], round, err)
-		}
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "round %d watch sockets %-8s %d sockets: RSS %.1f → %.1f MiB, %.0f B per socket (stacks %.0f, heap %.0f), %.2f goroutines per socket\n",
-				round, impls[side], s.Sockets, mib(s.Before.RSS), mib(s.After.RSS), s.PerSocket, s.StackPerSocket, s.HeapPerSocket, s.GoroutinesPerSocket)
-		}
-		return s, nil
+	c, err := serverproc.CompareIdle(o.Rounds, "watch sockets", o.Progress, func(side, round int) (WatchSide, error) {
+		return measureWatch(ctx, serverproc.Sides[side], round, o)
 	})
 	if err != nil {
-		return WatchReport{}, err
+		return WatchReport{}, fmt.Errorf("mailboxbench: %w", err)
 	}
-	rep := WatchReport{Options: o, Ours: runs[0], Baseline: runs[1]}
-	rep.OursMedian, rep.BaselineMedian = medianPerSocket(runs[0]), medianPerSocket(runs[1])
-	rep.Ratio = rep.BaselineMedian / rep.OursMedian
-	return rep, nil
-}
-
-func mib(b uint64) float64 { return float64(b) / (1 << 20) }
-
-func medianPerSocket(sides []WatchSide) float64 {
-	v := make([]float64, len(sides))
-	for i, s := range sides {
-		v[i] = s.PerSocket
-	}
-	return abtest.Median(v)
+	return WatchReport{Options: o, IdleComparison: c}, nil
 }
 
 func measureWatch(ctx context.Context, impl string, round int, o WatchOptions) (side WatchSide, err error) {

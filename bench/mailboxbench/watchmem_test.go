@@ -2,11 +2,12 @@ package mailboxbench
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"edgerelay/bench/serverproc"
 )
 
 // buildWatchmem builds the server program once per test binary run.
@@ -34,33 +35,15 @@ func TestCompareWatchMemorySmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sides := range [][]WatchSide{rep.Ours, rep.Baseline} {
-		if len(sides) != 1 {
-			t.Fatalf("%d rounds, want 1", len(sides))
-		}
-		s := sides[0]
-		// MeasureIdle waited for the server to count all of them.
-		if s.Sockets != 400 || s.After.RSS <= s.Before.RSS {
-			t.Errorf("%d sockets, RSS %d before and %d after", s.Sockets, s.Before.RSS, s.After.RSS)
-		}
-		// Each socket is a reader and a writer goroutine on both sides;
-		// anything else means a socket leaks or lost a goroutine. (A few
-		// more may come and go: fasthttp keeps idle workers for a while,
-		// net/http's serving goroutines end a moment after their answer.)
-		if s.GoroutinesPerSocket < 1.98 || s.GoroutinesPerSocket > 2.05 {
-			t.Errorf("%v goroutines per socket, want 2", s.GoroutinesPerSocket)
-		}
-		if s.PerSocket < 1<<10 || s.PerSocket > 256<<10 {
-			t.Errorf("%.0f bytes per socket: not a plausible measurement", s.PerSocket)
-		}
+	// Each socket is a reader and a writer goroutine on both sides;
+	// anything else means a socket leaks or lost a goroutine. (A few more
+	// may come and go: fasthttp keeps idle workers for a while, net/http's
+	// serving goroutines end a moment after their answer.)
+	if err := rep.Check(400, 1.98, 2.05); err != nil {
+		t.Error(err)
 	}
-	if rep.Ratio != rep.BaselineMedian/rep.OursMedian {
-		t.Errorf("ratio %v of %v and %v", rep.Ratio, rep.BaselineMedian, rep.OursMedian)
-	}
-	for _, impl := range []string{"ours", "baseline"} {
-		if fi, err := os.Stat(filepath.Join(profiles, "watchmem-"+impl+"-0.pprof")); err != nil || fi.Size() == 0 {
-			t.Errorf("no heap profile of %s: %v", impl, err)
-		}
+	if err := serverproc.CheckProfiles(profiles, func(side string) string { return "watchmem-" + side + "-0.pprof" }); err != nil {
+		t.Error(err)
 	}
 }
 

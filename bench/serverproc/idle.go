@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
+
+	"edgerelay/bench/abtest"
 )
 
 // IdleCost is what idle sockets cost a server process: its memory before
@@ -35,14 +39,7 @@ type IdleCost struct {
 // before it returns.
 func MeasureIdle(ctx context.Context, p *Proc, n int, open func(context.Context) ([]net.Conn, error), heapProfile string) (c IdleCost, err error) {
 	c.Sockets = n
-	held := func() (int, error) {
-		ans, err := p.Ask(ctx, "count", askTimeout)
-		if err != nil {
-			return 0, err
-		}
-		return strconv.Atoi(ans)
-	}
-	base, err := held()
+	base, err := p.Count(ctx)
 	if err != nil {
 		return c, err
 	}
@@ -61,21 +58,8 @@ func MeasureIdle(ctx context.Context, p *Proc, n int, open func(context.Context)
 	if err != nil {
 		return c, err
 	}
-	// The server counts a socket once its handler has registered it, a
-	// moment after the 101 reached this side.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		h, err := held()
-		if err != nil {
-			return c, err
-		}
-		if h-base == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			return c, fmt.Errorf("serverproc: %s holds %d sockets of %d", p.Name, h-base, n)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := p.WaitCount(ctx, base+n); err != nil {
+		return c, err
 	}
 	if c.After, err = p.Mem(ctx); err != nil {
 		return c, err
@@ -91,6 +75,39 @@ func MeasureIdle(ctx context.Context, p *Proc, n int, open func(context.Context)
 	c.HeapPerSocket = (float64(c.After.HeapInuse) - float64(c.Before.HeapInuse)) / f
 	c.GoroutinesPerSocket = float64(c.After.Goroutines-c.Before.Goroutines) / f
 	return c, nil
+}
+
+// Count asks the server how many sockets it holds (its "count" command).
+func (p *Proc) Count(ctx context.Context) (int, error) {
+	ans, err := p.Ask(ctx, "count", askTimeout)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(ans)
+	if err != nil {
+		return 0, fmt.Errorf("serverproc: %s: count answered %q: %w", p.Name, ans, err)
+	}
+	return n, nil
+}
+
+// WaitCount waits (30 s at most) until the server holds n sockets. A
+// server counts a socket once its handler has registered it, a moment
+// after the 101 reached the client.
+func (p *Proc) WaitCount(ctx context.Context, n int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		held, err := p.Count(ctx)
+		if err != nil {
+			return err
+		}
+		if held == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("serverproc: %s holds %d sockets, want %d", p.Name, held, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // OpenAll opens n sockets with dial, a few dozen handshakes at a time,
@@ -162,4 +179,86 @@ func DialUpgrade(addr, path string, header ...string) (net.Conn, error) {
 	}
 	_ = c.SetDeadline(time.Time{})
 	return c, nil
+}
+
+// IdleComparison is what idle sockets cost ours and the baseline, over
+// rounds of fresh server processes.
+type IdleComparison struct {
+	Ours, Baseline []IdleCost // one per round
+	// OursMedian and BaselineMedian are the medians of PerSocket; Ratio is
+	// BaselineMedian / OursMedian (above 1: ours holds a socket in less).
+	OursMedian, BaselineMedian, Ratio float64
+}
+
+// CompareIdle runs measure for ours (side 0) and the baseline (side 1),
+// rounds times each, alternately (each round a fresh server, so none is a
+// warm-up), and writes one line per server to progress (when not nil),
+// what naming the sockets.
+func CompareIdle(rounds int, what string, progress io.Writer, measure func(side, round int) (IdleCost, error)) (IdleComparison, error) {
+	runs, err := abtest.Alternate(rounds, 0, func(side, round int) (IdleCost, error) {
+		c, err := measure(side, round)
+		if err != nil {
+			return c, fmt.Errorf("%s, %s, round %d: %w", what, Sides[side], round, err)
+		}
+		if progress != nil {
+			fmt.Fprintf(progress, "round %d %s %-8s %d: RSS %.1f → %.1f MiB, %.0f B each (stacks %.0f, heap %.0f), %.2f goroutines each\n",
+				round, what, Sides[side], c.Sockets, float64(c.Before.RSS)/(1<<20), float64(c.After.RSS)/(1<<20),
+				c.PerSocket, c.StackPerSocket, c.HeapPerSocket, c.GoroutinesPerSocket)
+		}
+		return c, nil
+	})
+	if err != nil {
+		return IdleComparison{}, err
+	}
+	c := IdleComparison{Ours: runs[0], Baseline: runs[1]}
+	c.OursMedian, c.BaselineMedian = medianPerSocket(runs[0]), medianPerSocket(runs[1])
+	c.Ratio = c.BaselineMedian / c.OursMedian
+	return c, nil
+}
+
+func medianPerSocket(costs []IdleCost) float64 {
+	v := make([]float64, len(costs))
+	for i, c := range costs {
+		v[i] = c.PerSocket
+	}
+	return abtest.Median(v)
+}
+
+// Check says what is implausible about a comparison of one round per side
+// with n sockets each holding goroutines between lo and hi (a reader and
+// a writer, say, give or take the servers' idle workers): a socket that
+// leaks or lost a goroutine, a growth too small or too large to be a
+// measurement. For the benchmarks' own tests.
+func (c IdleComparison) Check(n int, lo, hi float64) error {
+	var errs []error
+	for side, costs := range [2][]IdleCost{c.Ours, c.Baseline} {
+		if len(costs) != 1 {
+			errs = append(errs, fmt.Errorf("%s: %d rounds, want 1", Sides[side], len(costs)))
+			continue
+		}
+		s := costs[0]
+		if s.Sockets != n || s.GoroutinesPerSocket < lo || s.GoroutinesPerSocket > hi {
+			errs = append(errs, fmt.Errorf("%s: %d sockets, %v goroutines each, want %d and %v to %v", Sides[side], s.Sockets, s.GoroutinesPerSocket, n, lo, hi))
+		}
+		if s.PerSocket < 512 || s.PerSocket > 256<<10 {
+			errs = append(errs, fmt.Errorf("%s: %.0f bytes per socket: not a plausible measurement", Sides[side], s.PerSocket))
+		}
+	}
+	if c.Ratio != c.BaselineMedian/c.OursMedian {
+		errs = append(errs, fmt.Errorf("ratio %v of %v and %v", c.Ratio, c.BaselineMedian, c.OursMedian))
+	}
+	return errors.Join(errs...)
+}
+
+// CheckProfiles says which of the two sides' heap profiles is missing or
+// empty in dir: name(side) is each one's file name. For the benchmarks'
+// own tests.
+func CheckProfiles(dir string, name func(side string) string) error {
+	var errs []error
+	for _, side := range Sides {
+		if fi, err := os.Stat(filepath.Join(dir, name(side))); err != nil || fi.Size() == 0 {
+			errs = append(errs, fmt.Errorf("no heap profile of %s: %v", side, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -295,3 +295,33 @@ func (p *Pinning) Where(loadCPU int) string {
 	}
 	return fmt.Sprintf("server a process of its own pinned to core %d, load generator pinned to core %d", p.ServerCPU, loadCPU)
 }
+
+// Names of the two sides of every comparison, in abtest's order.
+var Sides = [2]string{"ours", "baseline"}
+
+// Pair is a comparison's two servers, ours then the baseline.
+type Pair [2]*Proc
+
+// StartPair starts ours, then the baseline, with start (given each one's
+// name); when the second fails, the first is stopped.
+func StartPair(start func(name string) (*Proc, error)) (Pair, error) {
+	var p Pair
+	for side, name := range Sides {
+		var err error
+		if p[side], err = start(name); err != nil {
+			return Pair{}, errors.Join(err, p.Stop())
+		}
+	}
+	return p, nil
+}
+
+// Stop stops both servers (those that were started).
+func (p Pair) Stop() error {
+	var err error
+	for _, s := range p {
+		if s != nil {
+			err = errors.Join(err, s.Stop())
+		}
+	}
+	return err
+}

@@ -47,6 +47,7 @@ type message struct {
 
 type relay struct {
 	upgrader websocket.Upgrader
+	open     atomic.Int64 // sockets held: control sockets and phone channels
 
 	mu     sync.Mutex
 	claims map[[32]byte]*claim    // SHA-256 of claim key
@@ -79,8 +80,26 @@ type phone struct {
 	gone atomic.Bool // removed from its computer: its frames are no longer forwarded
 }
 
+// Handler is the baseline relay.
+type Handler struct {
+	http.Handler
+	r *relay
+}
+
+// Open is how many sockets the relay holds (control sockets and phone
+// channels), for the benchmarks that wait for their sockets to arrive.
+func (h *Handler) Open() int { return int(h.r.open.Load()) }
+
+// AddClaimKey lets key claim host from now on, as an operator adds a
+// computer to a running relay.
+func (h *Handler) AddClaimKey(key, host string) {
+	h.r.mu.Lock()
+	defer h.r.mu.Unlock()
+	h.r.claims[sha256.Sum256([]byte(key))] = &claim{host: host}
+}
+
 // New returns the baseline relay serving the given claim keys (key -> host name).
-func New(claimKeys map[string]string) http.Handler {
+func New(claimKeys map[string]string) *Handler {
 	r := &relay{
 		claims: make(map[[32]byte]*claim),
 		owners: make(map[[32]byte]*computer),
@@ -107,7 +126,7 @@ func New(claimKeys map[string]string) http.Handler {
 	mux.HandleFunc("POST /claim", r.claim)
 	mux.HandleFunc("GET /host", r.host)
 	mux.HandleFunc("GET /botharness-device/channel", r.channel)
-	return mux
+	return &Handler{Handler: mux, r: r}
 }
 
 func (r *relay) claim(w http.ResponseWriter, req *http.Request) {
@@ -186,6 +205,8 @@ func (r *relay) host(w http.ResponseWriter, req *http.Request) {
 	}
 	ws.SetReadLimit(maxControlFrame)
 	ctrl := newConn(ws)
+	r.open.Add(1)
+	defer r.open.Add(-1)
 	comp.mu.Lock()
 	comp.ctrl = ctrl
 	comp.mu.Unlock()
@@ -287,6 +308,8 @@ func (r *relay) channel(w http.ResponseWriter, req *http.Request) {
 	comp.phones[p.id] = p
 	ctrl.enqueue(encode(message{Type: "open", ID: p.id})) // under the lock: open precedes any close
 	comp.mu.Unlock()
+	r.open.Add(1)
+	defer r.open.Add(-1)
 
 	code := 0
 	for {

@@ -8,6 +8,7 @@ import (
 
 	"edgerelay/bench/channelbench"
 	"edgerelay/bench/mailboxbench"
+	"edgerelay/bench/serverproc"
 )
 
 const sampleOutput = `goos: linux
@@ -115,10 +116,12 @@ func TestMailboxRows(t *testing.T) {
 			Figures: []mailboxbench.ReadFigure{{Name: "HEAD of a direction", OursMedian: 90000, BaselineMedian: 45000, Ratio: 2, RoundRatio: 2.1}},
 		},
 		watch: mailboxbench.WatchReport{
-			Options:    mailboxbench.WatchOptions{Sockets: 10000},
-			Ours:       []mailboxbench.WatchSide{{PerSocket: 20480, StackPerSocket: 6144, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
-			Baseline:   []mailboxbench.WatchSide{{PerSocket: 30720, StackPerSocket: 15360, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
-			OursMedian: 20480, BaselineMedian: 30720, Ratio: 1.5,
+			Options: mailboxbench.WatchOptions{Sockets: 10000},
+			IdleComparison: serverproc.IdleComparison{
+				Ours:       []mailboxbench.WatchSide{{PerSocket: 20480, StackPerSocket: 6144, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
+				Baseline:   []mailboxbench.WatchSide{{PerSocket: 30720, StackPerSocket: 15360, HeapPerSocket: 15360, GoroutinesPerSocket: 2}},
+				OursMedian: 20480, BaselineMedian: 30720, Ratio: 1.5,
+			},
 		},
 	}
 	out := render(runInfo{date: time.Unix(0, 0)}, mailboxRows(m, bench), "")
