@@ -2,6 +2,7 @@ package mailbox
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -125,11 +126,11 @@ func (h *Handler) removeWatcher(m *mailbox, dir byte, w *watcher) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	d := &m.dirs[dirIndex(dir)]
-	for i, x := range d.watchers {
-		if x == w {
-			d.watchers = append(d.watchers[:i], d.watchers[i+1:]...)
-			break
-		}
+	if i := slices.Index(d.watchers, w); i >= 0 {
+		// slices.Delete clears the vacated slot: a closed socket left
+		// there would keep its buffers reachable for as long as the
+		// mailbox stays in memory.
+		d.watchers = slices.Delete(d.watchers, i, i+1)
 	}
 }
 
