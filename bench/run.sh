@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
-# `make bench`: compares the private channel relay, the mailbox relay and
-# its signal forwarding with their net/http + gorilla/websocket baselines
-# (and envelope writes with raw Pebble), our TURN server with coturn's
-# turnserver (install it with .ci/install-coturn.sh; taskset pins each
-# server to a core), measures push fan-out and the push gateway against
-# the fake APNs, runs the hot path's micro benchmarks, then writes
-# bench/results/latest.md. About 10 minutes on 2 cores.
-# Flags pass through (go run ./bench/cmd/benchreport -h lists them);
-# QUICK=1 makes a short smoke run (about a minute).
+# `make bench`: compares, each figure beside a baseline measured in the
+# same run on the same machine (ratios, not absolute times, count):
+#   - the private channel relay, the mailbox's signal forwarding and the
+#     agent relay's routing (both directions) with their net/http +
+#     gorilla/websocket + encoding/json baselines (bench/baseline), each
+#     relay a process of its own pinned to one core and the load generator
+#     to another (taskset), in frames per relay CPU-second;
+#   - mailbox HEAD and GET against the net/http baseline and synced
+#     envelope PUTs against raw Pebble commits, pinned likewise;
+#   - the memory of 10,000 idle mailbox watch sockets and of 10,000 idle
+#     phone channels per relay (RSS per socket, each server a process of
+#     its own);
+#   - our TURN server against coturn's turnserver (install it with
+#     .ci/install-coturn.sh);
+#   - with go test -bench: the token bucket against golang.org/x/time/rate,
+#     the channel codec against encoding/json, the SDK's seal and open
+#     against raw AES-256-GCM, the relays' exact allocations per frame,
+#     push fan-out and the push gateway against the fake APNs;
+# then writes bench/results/latest.md (machine, Go version, cores, date,
+# and per figure: ours, baseline, ratio with its spread, goal). Load
+# comparisons alternate the two sides round by round (ABBA), drop the
+# first round and report medians with the lowest and highest round.
+# About 13 minutes on 2 cores (15 at most); flags pass through
+# (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
+# smoke run (under 2 minutes, figures indicative only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec go run ./bench/cmd/benchreport "$@"

@@ -82,3 +82,13 @@ func Spread[T ~int64 | ~float64](v []T) (lo, hi T) {
 	}
 	return slices.Min(v), slices.Max(v)
 }
+
+// Values is f of each run, in order: one figure of every round, for
+// Median, RoundRatios and Spread.
+func Values[R any](runs []R, f func(R) float64) []float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	return v
+}

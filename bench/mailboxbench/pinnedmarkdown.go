@@ -2,8 +2,10 @@ package mailboxbench
 
 import (
 	"fmt"
-	"math"
 	"strings"
+
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/benchfmt"
 )
 
 // The goals DESIGN.md sets for these figures (as bench/cmd/benchreport
@@ -16,18 +18,19 @@ const (
 	PinnedGoalPutWriters   = 0.75
 )
 
-// Markdown renders the report as rows of the report's table
+// Rows are the report's table rows,
 //
 //	| figure | ours | baseline | ratio | goal |
 //
-// one line each, without the header: for each read, requests per server
-// CPU-second (the goal's figure) then per wall second; for each PUT
-// writer count, writes per wall second (the goal's figure) then per
-// server CPU-second. Ratios are the medians of the per-round ratios, the
+// for each read, requests per server CPU-second (the goal's figure) then
+// per wall second; for each PUT writer count, writes per wall second (the
+// goal's figure) then per server CPU-second. Each cell is the median over
+// the counted rounds with the spread (lowest–highest) in brackets; ratios
+// are the medians of the per-round ratios, with their spread and the
 // ratio of the medians beside them. Warnings (such as running unpinned)
 // go into every figure's text, so no row reads as pinned when it was not.
-func (r PinnedReport) Markdown() string {
-	var b strings.Builder
+func (r PinnedReport) Rows() []benchfmt.Row {
+	var rows []benchfmt.Row
 	o := r.Options
 	where := fmt.Sprintf("server a process of its own pinned to core %d, load generator pinned to core %d", o.ServerCPU, o.LoadCPU)
 	if !r.Pinned {
@@ -37,21 +40,27 @@ func (r PinnedReport) Markdown() string {
 		where += fmt.Sprintf(", servers run with GOMAXPROCS=%d", o.ServerGOMAXPROCS)
 	}
 	median := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.RoundTime)
-	row := func(figure, ours, other, ratio, goal string) {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", figure, ours, other, ratio, goal)
-	}
 	for _, f := range r.Figures {
+		cpu := [2][]float64{runValues(f.Ours, PinnedRun.PerCPUSec), runValues(f.Other, PinnedRun.PerCPUSec)}
+		wall := [2][]float64{runValues(f.Ours, PinnedRun.PerSec), runValues(f.Other, PinnedRun.PerSec)}
+		cpuRatio := benchfmt.RoundRatio(f.CPURoundRatio, ratios(cpu), f.CPURatio)
+		wallRatio := benchfmt.RoundRatio(f.WallRoundRatio, ratios(wall), f.WallRatio)
 		if f.Writers == 0 {
 			what := fmt.Sprintf("mailbox %s over loopback (%s; %d connections, one request in flight each; "+
 				"baseline: net/http over its own store seeded alike; %s)", f.Name, where, o.Conns, median)
-			row(what+": requests per server CPU-second",
-				perCPUCell(f.Ours, "req"), perCPUCell(f.Other, "req"),
-				ratioCell(f.CPURoundRatio, f.CPURatio, false),
-				verdictCell(fmt.Sprintf("≥ %.0f×", PinnedGoalReads), f.CPURoundRatio >= PinnedGoalReads))
-			row(what+": requests per wall second",
-				thousandsCell(f.Ours.PerSec), thousandsCell(f.Other.PerSec),
-				ratioCell(f.WallRoundRatio, f.WallRatio, false),
-				"— (throughput of one load core; the goal is per server core)")
+			rows = append(rows,
+				benchfmt.Row{
+					Figure: what + ": requests per server CPU-second",
+					Ours:   perCPUCell(f.Ours, cpu[0], "req"), Baseline: perCPUCell(f.Other, cpu[1], "req"),
+					Ratio: "**" + cpuRatio + "**",
+					Goal:  benchfmt.Verdict(fmt.Sprintf("≥ %.0f×", PinnedGoalReads), f.CPURoundRatio >= PinnedGoalReads),
+				},
+				benchfmt.Row{
+					Figure: what + ": requests per wall second",
+					Ours:   benchfmt.Rate(f.Ours.PerSec, wall[0]), Baseline: benchfmt.Rate(f.Other.PerSec, wall[1]),
+					Ratio: wallRatio,
+					Goal:  "— (throughput of one load core; the goal is per server core)",
+				})
 			continue
 		}
 		goal := PinnedGoalPutWriters
@@ -63,17 +72,35 @@ func (r PinnedReport) Markdown() string {
 			"baseline: raw Pebble, one Set of the same key and value sizes per batch applied with pebble.Sync by %s, "+
 			"a pinned process of its own on the same disk; %s)",
 			writers, o.EnvelopeSize, where, goroutines(f.Writers), median)
-		row(what+": writes per wall second",
-			thousandsCell(f.Ours.PerSec), thousandsCell(f.Other.PerSec),
-			ratioCell(f.WallRoundRatio, f.WallRatio, true),
-			verdictCell(fmt.Sprintf("≥ %.0f%% of raw Pebble", 100*goal), f.WallRoundRatio >= goal))
-		row(what+": writes per server CPU-second",
-			perCPUCell(f.Ours, "write"), perCPUCell(f.Other, "write"),
-			ratioCell(f.CPURoundRatio, f.CPURatio, true),
-			"— (CPU cost per write; the goal is on throughput)")
+		rows = append(rows,
+			benchfmt.Row{
+				Figure: what + ": writes per wall second",
+				Ours:   benchfmt.Rate(f.Ours.PerSec, wall[0]), Baseline: benchfmt.Rate(f.Other.PerSec, wall[1]),
+				Ratio: percent(f.WallRoundRatio, wallRatio),
+				Goal:  benchfmt.Verdict(fmt.Sprintf("≥ %.0f%% of raw Pebble", 100*goal), f.WallRoundRatio >= goal),
+			},
+			benchfmt.Row{
+				Figure: what + ": writes per server CPU-second",
+				Ours:   perCPUCell(f.Ours, cpu[0], "write"), Baseline: perCPUCell(f.Other, cpu[1], "write"),
+				Ratio: percent(f.CPURoundRatio, cpuRatio),
+				Goal:  "— (CPU cost per write; the goal is on throughput)",
+			})
+	}
+	return rows
+}
+
+// Markdown is Rows as table lines, without the header.
+func (r PinnedReport) Markdown() string {
+	var b strings.Builder
+	for _, row := range r.Rows() {
+		b.WriteString(row.Markdown() + "\n")
 	}
 	return b.String()
 }
+
+func runValues(s PinnedSide, f func(PinnedRun) float64) []float64 { return abtest.Values(s.Runs, f) }
+
+func ratios(v [2][]float64) []float64 { return abtest.RoundRatios(v[0], v[1]) }
 
 func goroutines(n int) string {
 	if n == 1 {
@@ -82,49 +109,12 @@ func goroutines(n int) string {
 	return fmt.Sprintf("%d goroutines", n)
 }
 
-// perCPUCell is operations per CPU-second, then the core's use and the
-// allocations per operation that explain it.
-func perCPUCell(s PinnedSide, unit string) string {
+// perCPUCell is operations per CPU-second with their spread, then the
+// core's use and the allocations per operation that explain it.
+func perCPUCell(s PinnedSide, v []float64, unit string) string {
 	return fmt.Sprintf("%s (%.1f µs CPU/%s, server core %.0f%% busy, %.1f allocs/%s)",
-		thousandsCell(s.PerCPUSec), 1e6/s.PerCPUSec, unit, 100*s.CoreUse, s.AllocsPerOp, unit)
+		benchfmt.Rate(s.PerCPUSec, v), 1e6/s.PerCPUSec, unit, 100*s.CoreUse, s.AllocsPerOp, unit)
 }
 
-func ratioCell(round, medians float64, percent bool) string {
-	if percent {
-		return fmt.Sprintf("%s = %.0f%% (ratio of the medians %s)", timesCell(round), 100*round, timesCell(medians))
-	}
-	return fmt.Sprintf("**%s** (ratio of the medians %s)", timesCell(round), timesCell(medians))
-}
-
-func verdictCell(goal string, met bool) string {
-	if met {
-		return goal + " — met"
-	}
-	return goal + " — **not met**"
-}
-
-func timesCell(r float64) string {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f×", r)
-}
-
-// thousandsCell is v rounded, with thousands separated by commas.
-func thousandsCell(v float64) string {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return "—"
-	}
-	s := fmt.Sprintf("%.0f", math.Abs(v))
-	var b strings.Builder
-	if v <= -0.5 {
-		b.WriteByte('-')
-	}
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
+// percent puts a share of raw Pebble's rate before its ratio cell.
+func percent(r float64, cell string) string { return fmt.Sprintf("%.0f%% = %s", 100*r, cell) }

@@ -258,10 +258,4 @@ func summarize(name string, runs []Run) Side {
 	return s
 }
 
-func perCore(runs []Run) []float64 {
-	v := make([]float64, len(runs))
-	for i, r := range runs {
-		v[i] = r.PerCoreSec()
-	}
-	return v
-}
+func perCore(runs []Run) []float64 { return abtest.Values(runs, Run.PerCoreSec) }

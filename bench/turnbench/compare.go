@@ -314,13 +314,7 @@ func summarize(name string, runs []Run, ours bool) Side {
 	return s
 }
 
-func perCore(runs []Run) []float64 {
-	v := make([]float64, len(runs))
-	for i, r := range runs {
-		v[i] = r.PerCoreSec()
-	}
-	return v
-}
+func perCore(runs []Run) []float64 { return abtest.Values(runs, Run.PerCoreSec) }
 
 // profileOurs runs the load against ours once more, uncounted, while
 // taking a CPU profile, and returns the top of `go tool pprof -top`.

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
+
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/benchfmt"
 )
 
 // benchResults are parsed `go test -bench` lines.
@@ -66,24 +69,43 @@ func parseBench(r io.Reader) benchResults {
 	return res
 }
 
-// median is the median of unit over the benchmark's samples, and whether
-// the benchmark reported that unit at all.
-func (r benchResults) median(pkg, name, unit string) (float64, bool) {
+// values are unit's values over the benchmark's samples, in the order
+// they ran.
+func (r benchResults) values(pkg, name, unit string) []float64 {
 	var v []float64
 	for _, s := range r.samples[pkg][name] {
 		if x, ok := s[unit]; ok {
 			v = append(v, x)
 		}
 	}
-	if len(v) == 0 {
-		return 0, false
-	}
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2], true
-	}
-	return (v[n/2-1] + v[n/2]) / 2, true
+	return v
+}
+
+// median is the median of unit over the benchmark's samples, and whether
+// the benchmark reported that unit at all.
+func (r benchResults) median(pkg, name, unit string) (float64, bool) {
+	v := r.values(pkg, name, unit)
+	return abtest.Median(v), len(v) > 0
+}
+
+// opResult is a micro benchmark's time and allocations per operation.
+type opResult struct {
+	ns, allocs float64   // medians
+	nsValues   []float64 // every run's time, for the spread
+	ok         bool      // the benchmark reported a time
+}
+
+// op is the benchmark's time and allocations per operation.
+func (r benchResults) op(pkg, name string) opResult {
+	ns, ok := r.median(pkg, name, "ns/op")
+	allocs, _ := r.median(pkg, name, "allocs/op")
+	return opResult{ns: ns, allocs: allocs, nsValues: r.values(pkg, name, "ns/op"), ok: ok}
+}
+
+// String is the median time with its spread, then the allocations:
+// "7.2 ns [6.9–7.5], 0 allocs".
+func (o opResult) String() string {
+	return fmt.Sprintf("%s%s, %g allocs", benchfmt.Nanoseconds(o.ns), benchfmt.Spread(o.nsValues, benchfmt.Nanoseconds), o.allocs)
 }
 
 // names lists a package's benchmark names in the order they ran.

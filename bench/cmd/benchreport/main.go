@@ -1,22 +1,35 @@
-// Command benchreport is `make bench`: it runs the private channel relay
-// against its baseline (package bench/channelbench), the mailbox relay
-// against its yardsticks (package bench/mailboxbench: raw Pebble synced
-// commits, the net/http baseline, idle watch sockets in a server process
-// of their own), the mailbox's signal forwarding against its net/http +
-// gorilla/websocket baseline (package bench/signalbench, each relay in a
-// process of its own), our TURN server against coturn (package
-// bench/turnbench), runs the micro benchmarks of the hot path and the
-// push benchmarks (mailbox push fan-out, push gateway /send, both to the
-// fake APNs) with `go test -bench`, and writes bench/results/latest.md
-// with each figure beside its baseline, the ratio and the design's goal
-// for it.
+// Command benchreport is `make bench`: it runs every comparison of the
+// relays with their baselines, the micro benchmarks of the hot path and
+// the push benchmarks, and writes bench/results/latest.md with each figure
+// beside its baseline, measured in the same run on the same machine, the
+// ratio and the design's goal for it:
+//
+//   - the private channel relay against its net/http + gorilla/websocket +
+//     encoding/json baseline (bench/channelbench): forwarding per relay
+//     CPU-second, each relay a process of its own pinned apart from the
+//     load generator, and the memory of 10,000 idle phone channels;
+//   - the mailbox (bench/mailboxbench): HEAD and GET against the net/http
+//     baseline and synced envelope PUTs against raw Pebble commits, each
+//     server pinned in a process of its own (per server CPU-second), the
+//     handlers called directly, and the memory of 10,000 idle watch
+//     sockets;
+//   - the mailbox's signal forwarding against its baseline
+//     (bench/signalbench), pinned likewise;
+//   - agent routing, instance to client and client to instance, against
+//     the encoding/json baseline (bench/agentbench), pinned likewise;
+//   - our TURN server against coturn (bench/turnbench);
+//   - with `go test -bench`: the token bucket against
+//     golang.org/x/time/rate, the channel codec against encoding/json, the
+//     SDK's envelope seal and open against raw AES-256-GCM, the relays'
+//     exact allocations with raw clients, the mailbox push fan-out and the
+//     push gateway (both to the fake APNs).
 //
 // Run it from anywhere inside the module:
 //
 //	go run ./bench/cmd/benchreport [flags]
 //
-// QUICK=1 in the environment shortens every default (well under two
-// minutes in all) for a smoke run; flags given explicitly still win.
+// QUICK=1 in the environment shortens every default (under two minutes
+// in all) for a smoke run; flags given explicitly still win.
 package main
 
 import (
@@ -35,10 +48,10 @@ import (
 	"time"
 
 	"edgerelay/bench/channelbench"
-	"edgerelay/bench/mailboxbench"
 )
 
-// microPackages are the packages whose benchmarks the report reads.
+// microPackages are the packages whose benchmarks the report reads, all
+// of them.
 func microPackages() []string {
 	return []string{"./fastpath/bucket/", "./fastpath/channel/control/", "./fastpath/channel/"}
 }
@@ -60,6 +73,10 @@ const (
 	pushFanoutBench   = "^BenchmarkPushFanout$"
 	pushgwPackage     = "./bench/pushgwbench/"
 	pushgwBench       = "^BenchmarkSendAPNs$"
+	// sdkBench is the SDK's envelope seal and open beside raw
+	// AES-256-GCM (the package's other benchmarks are not compared).
+	sdkPackage = "./sdk/link/"
+	sdkBench   = "^Benchmark(Seal|Open)$"
 )
 
 // benchRun is one `go test -bench` invocation.
@@ -83,6 +100,7 @@ func benchRuns(s settings) []benchRun {
 		{".", microPackages(), s.count, s.benchtime},
 		{mailboxMicroBench, []string{mailboxMicroPackage}, s.count, s.benchtime},
 		{signalMicroBench, []string{signalMicroPackage}, s.count, s.benchtime},
+		{sdkBench, []string{sdkPackage}, s.count, s.benchtime},
 		{pushFanoutBench, []string{pushFanoutPackage}, s.pushCount, s.pushBenchtime},
 		{pushgwBench, []string{pushgwPackage}, s.pushCount, s.pushBenchtime},
 	}
@@ -90,16 +108,26 @@ func benchRuns(s settings) []benchRun {
 
 // settings are the run's knobs, from flags over QUICK-aware defaults.
 type settings struct {
+	// rounds, frames, phones and size shape the channel comparison
+	// (rounds also the mailbox's and the signal's); idlePhones is the
+	// idle phone channels per relay in its memory figure.
 	rounds, frames, phones, size int
+	idlePhones                   int
 	count                        int
 	benchtime                    string
 	out                          string
 	timeout                      time.Duration
 	quick                        bool
-	// mailboxRound is one side's time in one round of the mailbox PUT and
-	// read comparisons; watchSockets the idle watch sockets per server.
+	// mailboxRound is one side's time in one round of the pinned mailbox
+	// comparison; watchSockets the idle watch sockets per server.
 	mailboxRound time.Duration
 	watchSockets int
+	// agentRounds and agentFrames shape the agent routing comparison's
+	// throughput rounds (frames per direction per round), agentLatency
+	// and agentLatencyRounds its latency runs.
+	agentRounds, agentFrames int
+	agentLatency             time.Duration
+	agentLatencyRounds       int
 	// signalRound is one relay's load time in one round of the signal
 	// comparison (rounds as -rounds); signalPairs the rendezvous open.
 	signalRound time.Duration
@@ -116,21 +144,25 @@ type settings struct {
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
-	// The full run takes about 10 minutes on 2 cores (channel 1, mailbox
-	// 1, signal 1, TURN 1.5, micro and push benchmarks 5), under the 15
-	// that `make bench` may take; the quick one, a smoke test of the whole
-	// pipeline, about 1 with a warm build cache. The timeouts only
-	// guard against a hang and sit above those.
-	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, count: 5, benchtime: "1s",
+	// The full run's budget on 2 cores, `make bench` being allowed 15
+	// minutes: builds 0.5, channel 1.5 (forwarding and idle phones),
+	// mailbox 1.5 (pinned HEAD, GET and PUTs, idle watch sockets), signal
+	// 1, agent 1.5, TURN 1.5, micro and push benchmarks 6 — about 13
+	// minutes. The quick one, a smoke test of the whole pipeline, stays
+	// under 2 with a warm build cache. The timeouts only guard against a
+	// hang and sit above those.
+	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
 		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick,
 		mailboxRound: time.Second, watchSockets: 10_000,
 		signalRound: time.Second, signalPairs: 32,
+		agentRounds: 7, agentFrames: 100_000, agentLatency: time.Second, agentLatencyRounds: 3,
 		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
 		pushCount: 3, pushBenchtime: "3s"}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
-		s.mailboxRound = 500 * time.Millisecond
+		s.mailboxRound = 300 * time.Millisecond
 		s.signalRound = 250 * time.Millisecond
+		s.agentRounds, s.agentFrames, s.agentLatency, s.agentLatencyRounds = 3, 50_000, 200*time.Millisecond, 1
 		s.turnRounds, s.turnRound = 2, 300*time.Millisecond
 		s.pushCount, s.pushBenchtime = 1, "500ms"
 	}
@@ -139,14 +171,19 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.IntVar(&s.frames, "frames", s.frames, "round trips per relay per round")
 	fs.IntVar(&s.phones, "phones", s.phones, "concurrent phone channels")
 	fs.IntVar(&s.size, "size", s.size, "bytes per phone frame")
+	fs.IntVar(&s.idlePhones, "idle-phones", s.idlePhones, "idle phone channels per relay in the channel memory figure")
 	fs.IntVar(&s.count, "count", s.count, "go test -count for the micro benchmarks")
 	fs.StringVar(&s.benchtime, "benchtime", s.benchtime, "go test -benchtime for the micro benchmarks")
 	fs.StringVar(&s.out, "out", s.out, "report file, relative to the module root")
 	fs.DurationVar(&s.timeout, "timeout", s.timeout, "bound on the whole run")
-	fs.DurationVar(&s.mailboxRound, "mailbox-round", s.mailboxRound, "one side's time per round in the mailbox PUT and read comparisons (rounds as -rounds)")
+	fs.DurationVar(&s.mailboxRound, "mailbox-round", s.mailboxRound, "one side's time per round and figure in the pinned mailbox comparison (rounds as -rounds)")
 	fs.IntVar(&s.watchSockets, "watch-sockets", s.watchSockets, "idle watch sockets per server in the mailbox memory figure")
 	fs.DurationVar(&s.signalRound, "signal-round", s.signalRound, "one relay's time per round in the signal comparison (rounds as -rounds)")
 	fs.IntVar(&s.signalPairs, "signal-pairs", s.signalPairs, "signal rendezvous open on each relay, both sides connected")
+	fs.IntVar(&s.agentRounds, "agent-rounds", s.agentRounds, "rounds per relay in the agent routing comparison; the first is dropped")
+	fs.IntVar(&s.agentFrames, "agent-frames", s.agentFrames, "frames per direction per round in the agent routing comparison")
+	fs.DurationVar(&s.agentLatency, "agent-latency", s.agentLatency, "length of one agent latency run")
+	fs.IntVar(&s.agentLatencyRounds, "agent-latency-rounds", s.agentLatencyRounds, "counted agent latency rounds per relay and direction")
 	fs.BoolVar(&s.turn, "turn", s.turn, "run the TURN comparison against coturn (needs turnserver and taskset)")
 	fs.IntVar(&s.turnRounds, "turn-rounds", s.turnRounds, "rounds per payload in the TURN comparison; the first is a warm-up")
 	fs.DurationVar(&s.turnRound, "turn-round", s.turnRound, "counted time of one TURN run")
@@ -192,59 +229,116 @@ func run(s settings) error {
 	// raw-output block.
 	var raw bytes.Buffer
 	progress := io.MultiWriter(&raw, os.Stderr)
-
-	fmt.Fprintf(progress, "== channel forwarding: ours vs baseline, %d rounds of %d frames, %d phones, %d B\n",
-		s.rounds, s.frames, s.phones, s.size)
-	compareStart := time.Now()
-	rep, compareErr := channelbench.Compare(ctx, channelbench.CompareOptions{
-		Rounds: s.rounds, Frames: s.frames, Phones: s.phones, FrameSize: s.size, Progress: progress,
-	})
-	compareTook := time.Since(compareStart)
-	var repPtr *channelbench.Report
-	if compareErr != nil {
-		fmt.Fprintf(progress, "comparison failed: %v\n", compareErr)
-	} else {
-		repPtr = &rep
-		fmt.Fprintf(progress, "median: ours %.0f, baseline %.0f frames/s, ratio %.2f\n",
-			rep.Ours.Median, rep.Baseline.Median, rep.Ratio)
+	var parts [][2]string
+	timed := func(name string, f func() string) {
+		t0 := time.Now()
+		what := f()
+		parts = append(parts, [2]string{name, fmt.Sprintf("%s; %v", what, time.Since(t0).Round(time.Second))})
 	}
 
-	mailboxStart := time.Now()
-	mb := runMailbox(ctx, s, root, progress)
-	mailboxTook := time.Since(mailboxStart)
+	// The server programs, built at once (one go build links them in
+	// parallel); a comparison whose program is missing builds its own.
+	tmp, err := os.MkdirTemp("", "benchreport-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	var bins servers
+	timed("server programs", func() string {
+		var berr error
+		bins, berr = buildServers(ctx, root, tmp)
+		if berr != nil {
+			fmt.Fprintf(progress, "building the server programs: %v\n", berr)
+			return "failed to build (each comparison builds its own)"
+		}
+		return fmt.Sprintf("%d built with one go build", len(bins))
+	})
 
-	signalStart := time.Now()
-	sig := runSignal(ctx, s, progress)
-	signalTook := time.Since(signalStart)
+	var chRep *channelbench.Report
+	var compareErr error
+	timed("channel comparison", func() string {
+		fmt.Fprintf(progress, "\n== channel forwarding: ours vs baseline, each relay in a process of its own, %d rounds of %d frames, %d phones, %d B\n",
+			s.rounds, s.frames, s.phones, s.size)
+		rep, err := channelbench.Compare(ctx, channelbench.CompareOptions{
+			Rounds: s.rounds, Frames: s.frames, Phones: s.phones, FrameSize: s.size, Binary: bins.path("channelserve"), Progress: progress,
+		})
+		if compareErr = err; err != nil {
+			fmt.Fprintf(progress, "comparison failed: %v\n", err)
+			return "failed (see the table and the raw output)"
+		}
+		chRep = &rep
+		fmt.Fprintf(progress, "median: ours %.0f, baseline %.0f round trips per relay CPU-second, ratio %.2f\n",
+			rep.Ours.MedianPerCPU, rep.Baseline.MedianPerCPU, rep.Ratio)
+		return fmt.Sprintf("%d rounds per relay (first dropped) of %s round trips, %d phones, %d B frames, alternated; %s",
+			s.rounds, thousands(float64(s.frames)), s.phones, s.size,
+			pinnedText(rep.Pinned, rep.Options.ServerCPU, rep.Options.LoadCPU, "relay", rep.Warnings))
+	})
+	var idle *channelbench.IdleReport
+	var idleErr error
+	timed("channel idle phones", func() string {
+		fmt.Fprintf(progress, "\n== private channel idle phone channels: ours vs baseline, %s phones, a relay process each\n", thousands(float64(s.idlePhones)))
+		bin := bins.path("channelserve")
+		if bin == "" {
+			if bin, idleErr = channelbench.BuildChannelserve(ctx, root, tmp); idleErr != nil {
+				return "failed to build channelserve"
+			}
+		}
+		rep, err := channelbench.CompareIdle(ctx, channelbench.IdleOptions{Binary: bin, Phones: s.idlePhones, Progress: progress})
+		if idleErr = err; err != nil {
+			fmt.Fprintf(progress, "comparison failed: %v\n", err)
+			return "failed (see the table and the raw output)"
+		}
+		idle = &rep
+		return fmt.Sprintf("%s idle phone channels on %d computers per relay", thousands(float64(s.idlePhones)), rep.Computers)
+	})
 
-	turnStart := time.Now()
-	tr := runTURN(ctx, s, progress)
-	turnTook := time.Since(turnStart)
+	var mb mailboxResults
+	timed("mailbox comparisons", func() string {
+		mb = runMailbox(ctx, s, bins, progress)
+		return mailboxInfo(s, mb)
+	})
+	var sig signalResults
+	timed("signal comparison", func() string {
+		sig = runSignal(ctx, s, bins, progress)
+		return signalInfo(s, sig)
+	})
+	var ag agentResults
+	timed("agent routing comparison", func() string {
+		ag = runAgent(ctx, s, bins, progress)
+		return agentInfo(ag)
+	})
+	var tr turnResults
+	timed("TURN comparison", func() string {
+		tr = runTURN(ctx, s, bins, progress)
+		return turnInfo(s, tr)
+	})
 
 	// The micro and push benchmarks run after the comparisons, never
 	// beside them: on 2 cores they would measure each other.
-	microStart := time.Now()
 	var testOut bytes.Buffer
 	var testErr error
-	for _, b := range benchRuns(s) {
-		testErr = errors.Join(testErr, goBench(ctx, root, b, &testOut, progress))
-	}
-	microTook := time.Since(microStart)
+	timed("micro and push benchmarks", func() string {
+		var micro []string
+		for _, b := range benchRuns(s) {
+			testErr = errors.Join(testErr, goBench(ctx, root, b, &testOut, progress))
+			micro = append(micro, b.String())
+		}
+		return fmt.Sprintf("`go test -run=^$ -benchmem` with %s", strings.Join(micro, "; "))
+	})
 	bench := parseBench(&testOut)
 
 	var rows []row
-	rows = append(rows, channelRows(repPtr, compareErr, bench)...)
+	rows = append(rows, channelRows(chRep, compareErr, bench)...)
+	rows = append(rows, channelIdleRows(idle, idleErr)...)
 	rows = append(rows, bucketRows(bench)...)
 	rows = append(rows, controlRows(bench)...)
+	rows = append(rows, sdkRows(bench)...)
 	rows = append(rows, mailboxRows(mb, bench)...)
 	rows = append(rows, signalRows(sig, bench)...)
+	rows = append(rows, agentRows(ag)...)
 	rows = append(rows, pushFanoutRows(bench)...)
 	rows = append(rows, turnRows(tr)...)
 	rows = append(rows, pushgwRows(bench)...)
-	var micro []string
-	for _, b := range benchRuns(s) {
-		micro = append(micro, b.String())
-	}
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
@@ -253,15 +347,8 @@ func run(s settings) error {
 		goVersion: goVersion,
 		osArch:    runtime.GOOS + "/" + runtime.GOARCH,
 		quick:     s.quick,
-		compare: fmt.Sprintf("%d rounds per relay (first dropped) of %s frames, %d phones, %d B frames, alternated; %v",
-			s.rounds, thousands(float64(s.frames)), s.phones, s.size, compareTook.Round(time.Second)),
-		mailbox: fmt.Sprintf("%d rounds per side (first dropped) of %v, alternated; PUTs of 1 KiB envelopes by 1 and 64 writers; "+
-			"HEAD and GET over 8 connections; %s idle watch sockets per server; %v",
-			s.rounds, s.mailboxRound, thousands(float64(s.watchSockets)), mailboxTook.Round(time.Second)),
-		signal:  signalInfo(s, sig, signalTook),
-		turn:    turnInfo(s, tr, turnTook),
-		micro:   fmt.Sprintf("`go test -run=^$ -benchmem` with %s; %v", strings.Join(micro, "; "), microTook.Round(time.Second)),
-		elapsed: time.Since(start),
+		parts:     parts,
+		elapsed:   time.Since(start),
 	}
 	report := render(info, rows, raw.String())
 	out := s.out
@@ -274,13 +361,45 @@ func run(s settings) error {
 	if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("\nwrote %s\n\n", out)
+	fmt.Printf("\nwrote %s in %v\n\n", out, info.elapsed.Round(time.Second))
 	for _, line := range strings.Split(report, "\n") {
 		if strings.HasPrefix(line, "|") {
 			fmt.Println(line)
 		}
 	}
-	return errors.Join(compareErr, mb.err(), sig.err, tr.err, testErr)
+	return errors.Join(compareErr, idleErr, mb.err(), sig.err, ag.err, tr.err, testErr)
+}
+
+// serverPackages are the server programs of the out-of-process
+// comparisons.
+var serverPackages = []string{
+	"edgerelay/bench/channelbench/cmd/channelserve",
+	"edgerelay/bench/mailboxbench/cmd/mailboxserve",
+	"edgerelay/bench/mailboxbench/cmd/watchmem",
+	"edgerelay/bench/signalbench/cmd/signalserve",
+	"edgerelay/bench/agentbench/cmd/agentserve",
+	"edgerelay/bench/turnbench/cmd/turnserve",
+}
+
+// servers are the built server programs by name ("channelserve", …).
+type servers map[string]string
+
+// path is the named program, or "" (the comparison then builds it).
+func (s servers) path(name string) string { return s[name] }
+
+// buildServers builds every server program into dir with one go build.
+func buildServers(ctx context.Context, root, dir string) (servers, error) {
+	args := append([]string{"build", "-o", dir + string(filepath.Separator)}, serverPackages...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	bins := servers{}
+	for _, p := range serverPackages {
+		bins[filepath.Base(p)] = filepath.Join(dir, filepath.Base(p))
+	}
+	return bins, nil
 }
 
 // goBench runs one `go test -bench`, its output going to out and
@@ -299,53 +418,6 @@ func goBench(ctx context.Context, root string, b benchRun, out, progress io.Writ
 		fmt.Fprintf(progress, "go test: %v\n", err)
 	}
 	return err
-}
-
-// mailboxResults are the mailbox comparisons' reports, each with the error
-// that stopped it (its rows then say so).
-type mailboxResults struct {
-	put              mailboxbench.PutReport
-	reads            mailboxbench.ReadReport
-	watch            mailboxbench.WatchReport
-	putErr, readsErr error
-	watchErr         error
-}
-
-func (m mailboxResults) err() error { return errors.Join(m.putErr, m.readsErr, m.watchErr) }
-
-// runMailbox runs the mailbox comparisons one after the other: envelope
-// PUTs against raw Pebble, reads against the net/http baseline, then the
-// memory of idle watch sockets (its server program built first).
-func runMailbox(ctx context.Context, s settings, root string, progress io.Writer) mailboxResults {
-	var m mailboxResults
-	fmt.Fprintf(progress, "\n== mailbox envelope PUT, synced: ours over loopback HTTP vs raw Pebble, %d rounds of %v\n", s.rounds, s.mailboxRound)
-	m.put, m.putErr = mailboxbench.ComparePut(ctx, mailboxbench.PutOptions{Rounds: s.rounds, RoundTime: s.mailboxRound, Progress: progress})
-	if m.putErr != nil {
-		fmt.Fprintf(progress, "comparison failed: %v\n", m.putErr)
-	}
-	fmt.Fprintf(progress, "\n== mailbox HEAD and GET over loopback: ours vs baseline, %d rounds of %v\n", s.rounds, s.mailboxRound)
-	m.reads, m.readsErr = mailboxbench.CompareReads(ctx, mailboxbench.ReadOptions{Rounds: s.rounds, RoundTime: s.mailboxRound, Progress: progress})
-	if m.readsErr != nil {
-		fmt.Fprintf(progress, "comparison failed: %v\n", m.readsErr)
-	}
-	fmt.Fprintf(progress, "\n== mailbox idle watch sockets: ours vs baseline, %s sockets, a server process each\n", thousands(float64(s.watchSockets)))
-	m.watchErr = func() error {
-		dir, err := os.MkdirTemp("", "benchreport-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		bin, err := mailboxbench.BuildWatchmem(ctx, root, dir)
-		if err != nil {
-			return err
-		}
-		m.watch, err = mailboxbench.CompareWatchMemory(ctx, mailboxbench.WatchOptions{Binary: bin, Sockets: s.watchSockets, Progress: progress})
-		return err
-	}()
-	if m.watchErr != nil {
-		fmt.Fprintf(progress, "comparison failed: %v\n", m.watchErr)
-	}
-	return m
 }
 
 // moduleRoot is the directory of the main module's go.mod, so the report

@@ -2,13 +2,14 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 	"time"
 
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/benchfmt"
 	"edgerelay/bench/channelbench"
-	"edgerelay/bench/mailboxbench"
+	"edgerelay/bench/serverproc"
 )
 
 // The packages whose micro benchmarks go into the report.
@@ -17,6 +18,7 @@ const (
 	pkgControl = "edgerelay/fastpath/channel/control"
 	pkgChannel = "edgerelay/fastpath/channel"
 	pkgMailbox = "edgerelay/bench/mailboxbench"
+	pkgLink    = "edgerelay/sdk/link"
 )
 
 // The goals the design sets (DESIGN.md, "The hot path"; the brief of
@@ -24,58 +26,82 @@ const (
 const (
 	goalChannelRatio = 1.3
 	goalBucketRatio  = 3.0
-	// Envelope PUTs keep this share of raw Pebble's synced commit rate,
-	// with one writer and with many.
-	goalPutOneWriter   = 0.90
-	goalPutManyWriters = 0.75
-	goalMailboxReads   = 5.0      // HEAD and GET, ours ÷ baseline
-	goalWatchBytes     = 12 << 10 // resident bytes per idle watch socket
+	goalMailboxReads = 5.0      // HEAD and GET, ours ÷ baseline
+	goalWatchBytes   = 12 << 10 // resident bytes per idle watch socket
+	// goalSealTime: sealing and opening take at most this many times raw
+	// AES-256-GCM's time, without allocating.
+	goalSealTime = 1.2
+	// goalFrameAllocs bounds a relay process's allocations per frame
+	// counted over a whole run: zero per frame, but the process also
+	// answers the comparison's usage queries, and each run's set-up (a
+	// claim, dials) is in its window: a handful of allocations in a run
+	// of 100,000s of frames. One frame in a thousand allocating would
+	// fail it.
+	goalFrameAllocs = 0.001
 )
 
 // row is one line of the report's table.
-type row struct{ figure, ours, baseline, ratio, goal string }
+type row = benchfmt.Row
 
-// channelRows are the forwarding figures: the load-generator comparison,
-// then the raw-client round trip from fastpath/channel's benchmark, which
-// is where the relay's own allocations show (its clients allocate nothing).
+// The report's formats are benchfmt's, shared with the comparisons' own
+// commands.
+var (
+	thousands = benchfmt.Thousands
+	times     = benchfmt.Times
+	verdict   = benchfmt.Verdict
+)
+
+// channelRows are the forwarding figures: the pinned load-generator
+// comparison (frames per relay CPU-second, the judged figure; frames per
+// wall second; latency; the relay process's allocations), then the
+// raw-client round trip from fastpath/channel's benchmark, which is where
+// the relay's own allocations show exactly (its clients allocate nothing).
 func channelRows(rep *channelbench.Report, compareErr error, bench benchResults) []row {
 	var rows []row
 	if rep != nil {
 		o := rep.Options
+		where := "each relay a process of its own"
+		if rep.Pinned {
+			where += fmt.Sprintf(" pinned to core %d, the load generator to core %d", o.ServerCPU, o.LoadCPU)
+		} else {
+			where += ", NOT pinned: " + strings.Join(rep.Warnings, "; ")
+		}
+		load := fmt.Sprintf("%d phones, %d B frames, %s; median of %d rounds of %s round trips",
+			o.Phones, o.FrameSize, where, o.Rounds-1, thousands(float64(o.Frames)))
 		rows = append(rows,
 			row{
-				figure: fmt.Sprintf("channel forwarding, frames/s (%d phones, %d B frames, median of %d rounds)",
-					o.Phones, o.FrameSize, o.Rounds-1),
-				ours:     thousands(rep.Ours.Median),
-				baseline: thousands(rep.Baseline.Median),
-				ratio:    times(rep.Ratio),
-				goal:     verdict(fmt.Sprintf("≥ %.1f×", goalChannelRatio), rep.Ratio >= goalChannelRatio),
+				Figure: "channel forwarding phone→computer→phone, round trips per relay CPU-second (" + load +
+					"; baseline: net/http + gorilla/websocket + encoding/json) (relay core use)",
+				Ours:     channelCPUCell(rep.Ours),
+				Baseline: channelCPUCell(rep.Baseline),
+				Ratio:    benchfmt.RoundRatio(rep.RoundRatio, rep.RoundRatios, rep.Ratio),
+				Goal:     verdict(fmt.Sprintf("≥ %.1f×", goalChannelRatio), rep.RoundRatio >= goalChannelRatio),
 			},
 			row{
-				figure:   "channel forwarding, median of the per-round ratios (each round ran both relays back to back)",
-				ours:     "—",
-				baseline: "—",
-				ratio:    times(rep.RoundRatio),
-				goal:     verdict(fmt.Sprintf("≥ %.1f×", goalChannelRatio), rep.RoundRatio >= goalChannelRatio),
+				Figure:   "channel forwarding, round trips per wall second (the same runs)",
+				Ours:     benchfmt.Rate(rep.Ours.Median, rep.Ours.FramesPerSec),
+				Baseline: benchfmt.Rate(rep.Baseline.Median, rep.Baseline.FramesPerSec),
+				Ratio: benchfmt.RoundRatio(rep.WallRoundRatio,
+					ratiosOf(rep.Ours.FramesPerSec, rep.Baseline.FramesPerSec), rep.WallRatio),
+				Goal: "— (throughput of one load-generator core; the goal is judged per relay core)",
 			},
 			row{
-				figure:   "channel forwarding, round-trip latency p50 / p99",
-				ours:     fmt.Sprintf("%v / %v", roundDur(rep.Ours.P50), roundDur(rep.Ours.P99)),
-				baseline: fmt.Sprintf("%v / %v", roundDur(rep.Baseline.P50), roundDur(rep.Baseline.P99)),
-				ratio: times(float64(rep.Baseline.P50)/float64(rep.Ours.P50)) + " / " +
+				Figure:   "channel forwarding, round-trip latency p50 / p99 (medians over the rounds)",
+				Ours:     fmt.Sprintf("%v / %v", roundDur(rep.Ours.P50), roundDur(rep.Ours.P99)),
+				Baseline: fmt.Sprintf("%v / %v", roundDur(rep.Baseline.P50), roundDur(rep.Baseline.P99)),
+				Ratio: times(float64(rep.Baseline.P50)/float64(rep.Ours.P50)) + " / " +
 					times(float64(rep.Baseline.P99)/float64(rep.Ours.P99)),
-				goal: "—",
+				Goal: "—",
 			},
 			row{
-				figure:   "channel forwarding, allocs/frame, whole process (load generator's gorilla clients included)",
-				ours:     fmt.Sprintf("%.2f", rep.Ours.AllocsPerFrame),
-				baseline: fmt.Sprintf("%.2f", rep.Baseline.AllocsPerFrame),
-				ratio:    times(rep.Baseline.AllocsPerFrame / rep.Ours.AllocsPerFrame),
-				goal:     "— (the relay's own share is the next row)",
+				Figure:   "channel forwarding, relay process heap allocations per round trip (each run's claim and dials included)",
+				Ours:     fmt.Sprintf("%.3f", rep.Ours.AllocsPerFrame),
+				Baseline: fmt.Sprintf("%.3f", rep.Baseline.AllocsPerFrame),
+				Ratio:    times(rep.Baseline.AllocsPerFrame / rep.Ours.AllocsPerFrame),
+				Goal:     "— (the exact count per frame is the next row's)",
 			})
 	} else {
-		rows = append(rows, row{figure: "channel forwarding comparison", ours: "failed", baseline: "failed",
-			ratio: "—", goal: fmt.Sprintf("error: %v", compareErr)})
+		rows = append(rows, failedRow("channel forwarding comparison", compareErr))
 	}
 	const rt = "BenchmarkForwardRoundTrip"
 	if allocs, ok := bench.median(pkgChannel, rt, "allocs/op"); ok {
@@ -83,24 +109,88 @@ func channelRows(rep *channelbench.Report, compareErr error, bench benchResults)
 		fps, _ := bench.median(pkgChannel, rt, "frames/s")
 		rows = append(rows,
 			row{
-				figure:   "channel forwarding, relay allocs per round trip (raw clients that allocate nothing)",
-				ours:     fmt.Sprintf("%g", allocs),
-				baseline: "—",
-				ratio:    "—",
-				goal:     verdict("0 allocs/frame", allocs == 0),
+				Figure:   "channel forwarding, relay allocs per round trip (raw clients that allocate nothing)",
+				Ours:     fmt.Sprintf("%g", allocs),
+				Baseline: "—",
+				Ratio:    "—",
+				Goal:     verdict("0 allocs/frame", allocs == 0),
 			},
 			row{
-				figure:   "channel forwarding, one frame in flight with raw clients: frames/s (µs per round trip)",
-				ours:     fmt.Sprintf("%s (%.1f µs)", thousands(fps), ns/1e3),
-				baseline: "—",
-				ratio:    "—",
-				goal:     "—",
+				Figure: "channel forwarding, one frame in flight with raw clients: frames/s (µs per round trip)",
+				Ours: fmt.Sprintf("%s%s (%.1f µs)", thousands(fps), benchfmt.RateSpread(bench.values(pkgChannel, rt, "frames/s")),
+					ns/1e3),
+				Baseline: "—",
+				Ratio:    "—",
+				Goal:     "—",
 			})
 	} else {
-		rows = append(rows, row{figure: "channel forwarding, relay allocs per round trip", ours: "missing",
-			baseline: "—", ratio: "—", goal: "0 allocs/frame — no result (see the raw output)"})
+		rows = append(rows, row{Figure: "channel forwarding, relay allocs per round trip", Ours: "missing",
+			Baseline: "—", Ratio: "—", Goal: "0 allocs/frame — no result (see the raw output)"})
 	}
 	return rows
+}
+
+func channelCPUCell(s channelbench.Side) string {
+	return fmt.Sprintf("%s (%.0f%% of a core)", benchfmt.Rate(s.MedianPerCPU, s.PerCPUSec), 100*s.CoreUse)
+}
+
+// ratiosOf are the per-round ratios a[i] / b[i].
+func ratiosOf(a, b []float64) []float64 { return abtest.RoundRatios(a, b) }
+
+// channelIdleRows is the memory of idle phone channels, ours against the
+// baseline, each relay in a process of its own. No goal is set for it;
+// the goal cell says what the memory is.
+func channelIdleRows(r *channelbench.IdleReport, err error) []row {
+	if err != nil {
+		return []row{failedRow("private channel idle phone channels memory", err)}
+	}
+	if r == nil || len(r.Ours) == 0 {
+		return nil
+	}
+	o, b := medianIdle(r.Ours), medianIdle(r.Baseline)
+	return []row{{
+		Figure: fmt.Sprintf("private channel idle phone channel, resident memory per phone with %s open on %s computers' control sockets "+
+			"(%d phones each; the control sockets opened before the first reading; each relay a process of its own; "+
+			"baseline: net/http + gorilla/websocket)",
+			thousands(float64(r.Options.Phones)), thousands(float64(r.Computers)), r.Options.PerComputer),
+		Ours:     idleCell(o),
+		Baseline: idleCell(b),
+		Ratio:    times(r.Ratio),
+		Goal:     "— (no goal set; ours: " + dominant(o) + ")",
+	}}
+}
+
+// medianIdle is the round whose bytes per socket are the median's (the
+// lower middle one for an even count), so that its breakdown is shown.
+func medianIdle(costs []serverproc.IdleCost) serverproc.IdleCost {
+	s := append([]serverproc.IdleCost(nil), costs...)
+	sort.Slice(s, func(i, j int) bool { return s[i].PerSocket < s[j].PerSocket })
+	return s[(len(s)-1)/2]
+}
+
+// idleCell is bytes per socket, then what the runtime says they are.
+func idleCell(c serverproc.IdleCost) string {
+	return fmt.Sprintf("%.1f KiB (stacks %.1f, heap %.1f KiB; %.2f goroutines)",
+		c.PerSocket/1024, c.StackPerSocket/1024, c.HeapPerSocket/1024, c.GoroutinesPerSocket)
+}
+
+// dominant says which of a socket's costs is the largest: goroutine
+// stacks, heap, or the rest of the resident set (the runtime's metadata,
+// and what the process has not given back).
+func dominant(c serverproc.IdleCost) string {
+	rest := c.PerSocket - c.StackPerSocket - c.HeapPerSocket
+	what, v := "goroutine stacks", c.StackPerSocket
+	if c.HeapPerSocket > v {
+		what, v = "heap", c.HeapPerSocket
+	}
+	if rest > v {
+		what, v = "resident memory outside the stacks and heap", rest
+	}
+	share := 0.0
+	if c.PerSocket > 0 {
+		share = 100 * v / c.PerSocket
+	}
+	return fmt.Sprintf("%s dominate, %.0f%% of it, with %.2f goroutines per socket", what, share, c.GoroutinesPerSocket)
 }
 
 // bucketRows pair each BenchmarkSetTake shape with BenchmarkXRate's.
@@ -111,25 +201,22 @@ func bucketRows(bench benchResults) []row {
 		if !ok {
 			continue
 		}
-		oursNs, _ := bench.median(pkgBucket, name, "ns/op")
-		oursAllocs, _ := bench.median(pkgBucket, name, "allocs/op")
-		rateNs, ok := bench.median(pkgBucket, "BenchmarkXRate/"+shape, "ns/op")
-		if !ok {
+		ours, rate := bench.op(pkgBucket, name), bench.op(pkgBucket, "BenchmarkXRate/"+shape)
+		if !rate.ok {
 			continue
 		}
-		rateAllocs, _ := bench.median(pkgBucket, "BenchmarkXRate/"+shape, "allocs/op")
-		ratio := rateNs / oursNs
+		ratio := rate.ns / ours.ns
 		rows = append(rows, row{
-			figure:   "token bucket take, " + shape + " (vs golang.org/x/time/rate)",
-			ours:     perOp(oursNs, oursAllocs),
-			baseline: perOp(rateNs, rateAllocs),
-			ratio:    times(ratio),
-			goal:     verdict(fmt.Sprintf("≥ %.0f×, 0 allocs", goalBucketRatio), ratio >= goalBucketRatio && oursAllocs == 0),
+			Figure:   "token bucket take, " + shape + " (vs golang.org/x/time/rate)",
+			Ours:     ours.String(),
+			Baseline: rate.String(),
+			Ratio:    times(ratio),
+			Goal:     verdict(fmt.Sprintf("≥ %.0f×, 0 allocs", goalBucketRatio), ratio >= goalBucketRatio && ours.allocs == 0),
 		})
 	}
 	if len(rows) == 0 {
-		rows = append(rows, row{figure: "token bucket take", ours: "missing", baseline: "missing",
-			ratio: "—", goal: fmt.Sprintf("≥ %.0f×, 0 allocs — no result (see the raw output)", goalBucketRatio)})
+		rows = append(rows, row{Figure: "token bucket take", Ours: "missing", Baseline: "missing",
+			Ratio: "—", Goal: fmt.Sprintf("≥ %.0f×, 0 allocs — no result (see the raw output)", goalBucketRatio)})
 	}
 	return rows
 }
@@ -144,122 +231,56 @@ func controlRows(bench benchResults) []row {
 		if !ok {
 			continue
 		}
-		oursNs, _ := bench.median(pkgControl, name, "ns/op")
-		oursAllocs, _ := bench.median(pkgControl, name, "allocs/op")
-		jsonNs, ok := bench.median(pkgControl, base+"/encoding_json", "ns/op")
-		if !ok {
+		ours, json := bench.op(pkgControl, name), bench.op(pkgControl, base+"/encoding_json")
+		if !json.ok {
 			continue
 		}
-		jsonAllocs, _ := bench.median(pkgControl, base+"/encoding_json", "allocs/op")
 		fn, payload, _ := strings.Cut(strings.TrimPrefix(base, "Benchmark"), "/")
 		rows = append(rows, row{
-			figure:   fmt.Sprintf("control codec %s, %s (vs encoding/json)", fn, payload),
-			ours:     perOp(oursNs, oursAllocs),
-			baseline: perOp(jsonNs, jsonAllocs),
-			ratio:    times(jsonNs / oursNs),
-			goal:     verdict("0 allocs", oursAllocs == 0),
+			Figure:   fmt.Sprintf("control codec %s, %s (vs encoding/json)", fn, payload),
+			Ours:     ours.String(),
+			Baseline: json.String(),
+			Ratio:    times(json.ns / ours.ns),
+			Goal:     verdict("0 allocs", ours.allocs == 0),
 		})
 	}
 	return rows
 }
 
-// mailboxRows are the mailbox figures: synced PUTs against raw Pebble,
-// HEAD and GET against the net/http baseline over loopback and with the
-// handlers called directly (from the micro benchmarks), and the memory of
-// an idle watch socket. The load figures are judged by the median of the
-// per-round ratios, each round having run both sides back to back: on a
-// machine shared with other work (and a disk whose sync time wanders) it
-// is the steadier of the two ratios; the ratio of the medians is shown
-// beside it.
-func mailboxRows(m mailboxResults, bench benchResults) []row {
+// sdkRows pair the SDK's envelope seal and open (sdk/link) with raw
+// AES-256-GCM doing the same work (BenchmarkSeal and BenchmarkOpen, ours
+// and raw per size). The goal is on time: ours takes at most 1.2 times
+// raw's, and allocates nothing.
+func sdkRows(bench benchResults) []row {
 	var rows []row
-	if m.putErr != nil {
-		rows = append(rows, failedRow("mailbox envelope PUT comparison", m.putErr))
-	}
-	for _, f := range m.put.Figures {
-		goal, writers := goalPutManyWriters, fmt.Sprintf("%d writers, each on its own mailbox", f.Writers)
-		if f.Writers == 1 {
-			goal, writers = goalPutOneWriter, "1 writer"
-		}
-		rows = append(rows, row{
-			figure: fmt.Sprintf("mailbox envelope PUT synced before the 201, %s, %d B envelopes over loopback HTTP: writes/s "+
-				"(baseline: raw Pebble, one Set of the same key and value sizes per batch, applied with pebble.Sync on the same disk)",
-				writers, m.put.Options.EnvelopeSize),
-			ours:     thousands(f.OursMedian),
-			baseline: thousands(f.PebbleMedian),
-			ratio:    fmt.Sprintf("%s = %.0f%% (ratio of the medians %s)", times(f.RoundRatio), 100*f.RoundRatio, times(f.Ratio)),
-			goal:     verdict(fmt.Sprintf("≥ %.0f%% of raw Pebble", 100*goal), f.RoundRatio >= goal),
-		})
-	}
-	if m.readsErr != nil {
-		rows = append(rows, failedRow("mailbox HEAD and GET comparison", m.readsErr))
-	}
-	for _, f := range m.reads.Figures {
-		rows = append(rows, row{
-			figure: fmt.Sprintf("mailbox %s over loopback, requests/s (%d connections, one request in flight each; "+
-				"baseline: net/http over the same store)", f.Name, m.reads.Options.Conns),
-			ours:     thousands(f.OursMedian),
-			baseline: thousands(f.BaselineMedian),
-			ratio:    fmt.Sprintf("%s (ratio of the medians %s)", times(f.RoundRatio), times(f.Ratio)),
-			goal:     verdict(fmt.Sprintf("≥ %.0f×", goalMailboxReads), f.RoundRatio >= goalMailboxReads),
-		})
-	}
-	for _, c := range []struct{ slug, name string }{{"head-direction", "HEAD of a direction"}, {"get-envelope", "GET of one envelope"}} {
-		name := "BenchmarkServeHTTP/" + c.slug
-		oursNs, ok := bench.median(pkgMailbox, name+"/ours", "ns/op")
-		baseNs, ok2 := bench.median(pkgMailbox, name+"/baseline", "ns/op")
-		if !ok || !ok2 {
-			rows = append(rows, row{figure: "mailbox " + c.name + ", handler called directly", ours: "missing",
-				baseline: "missing", ratio: "—", goal: "no result (see the raw output)"})
+	for _, name := range bench.names(pkgLink) {
+		base, ok := strings.CutSuffix(name, "/ours")
+		if !ok {
 			continue
 		}
-		oursAllocs, _ := bench.median(pkgMailbox, name+"/ours", "allocs/op")
-		baseAllocs, _ := bench.median(pkgMailbox, name+"/baseline", "allocs/op")
-		ratio := baseNs / oursNs
-		goal, met := fmt.Sprintf("≥ %.0f×", goalMailboxReads), ratio >= goalMailboxReads
-		if c.slug == "head-direction" {
-			goal, met = goal+", 0 allocs", met && oursAllocs == 0
+		ours, raw := bench.op(pkgLink, name), bench.op(pkgLink, base+"/raw")
+		if !raw.ok {
+			continue
 		}
+		fn, size, _ := strings.Cut(strings.TrimPrefix(base, "Benchmark"), "/")
+		took := ours.ns / raw.ns
 		rows = append(rows, row{
-			figure:   "mailbox " + c.name + ", handler called directly (no server, no socket; net/http's own per-request cost left out of the baseline)",
-			ours:     perOp(oursNs, oursAllocs),
-			baseline: perOp(baseNs, baseAllocs),
-			ratio:    times(ratio),
-			goal:     verdict(goal, met),
+			Figure:   fmt.Sprintf("SDK envelope %s, %s (sdk/link vs raw AES-256-GCM: cipher.NewGCM built once, same nonce and AAD shape)", strings.ToLower(fn), size),
+			Ours:     ours.String(),
+			Baseline: raw.String(),
+			Ratio:    fmt.Sprintf("%s (ours takes %.2f× raw's time)", times(raw.ns/ours.ns), took),
+			Goal:     verdict(fmt.Sprintf("≤ %.1f× raw's time, 0 allocs", goalSealTime), took <= goalSealTime && ours.allocs == 0),
 		})
 	}
-	if m.watchErr != nil {
-		rows = append(rows, failedRow("mailbox idle watch socket memory", m.watchErr))
-	} else if len(m.watch.Ours) > 0 {
-		o, b := medianWatch(m.watch.Ours), medianWatch(m.watch.Baseline)
-		rows = append(rows, row{
-			figure: fmt.Sprintf("mailbox idle watch socket, resident memory per socket with %s open (server in a process of its own; "+
-				"baseline: net/http + gorilla/websocket)", thousands(float64(m.watch.Options.Sockets))),
-			ours:     watchCell(o),
-			baseline: watchCell(b),
-			ratio:    times(m.watch.Ratio),
-			goal:     verdict(fmt.Sprintf("≤ %d KiB per socket", goalWatchBytes>>10), m.watch.OursMedian <= goalWatchBytes),
-		})
+	if len(rows) == 0 {
+		rows = append(rows, row{Figure: "SDK envelope seal and open vs raw AES-256-GCM", Ours: "missing", Baseline: "missing",
+			Ratio: "—", Goal: fmt.Sprintf("≤ %.1f× raw's time, 0 allocs — no result (see the raw output)", goalSealTime)})
 	}
 	return rows
 }
 
 func failedRow(what string, err error) row {
-	return row{figure: what, ours: "failed", baseline: "failed", ratio: "—", goal: fmt.Sprintf("error: %v", err)}
-}
-
-// medianWatch is the round whose bytes per socket are the median's (the
-// lower middle one for an even count), so that its breakdown is shown.
-func medianWatch(sides []mailboxbench.WatchSide) mailboxbench.WatchSide {
-	s := append([]mailboxbench.WatchSide(nil), sides...)
-	sort.Slice(s, func(i, j int) bool { return s[i].PerSocket < s[j].PerSocket })
-	return s[(len(s)-1)/2]
-}
-
-// watchCell is bytes per socket, then what the runtime says they are.
-func watchCell(s mailboxbench.WatchSide) string {
-	return fmt.Sprintf("%.1f KiB (stacks %.1f, heap %.1f KiB; %.2f goroutines)",
-		s.PerSocket/1024, s.StackPerSocket/1024, s.HeapPerSocket/1024, s.GoroutinesPerSocket)
+	return row{Figure: what, Ours: "failed", Baseline: "failed", Ratio: "—", Goal: fmt.Sprintf("error: %v", err)}
 }
 
 // runInfo is the report's header: what ran where, and for how long.
@@ -271,12 +292,10 @@ type runInfo struct {
 	goVersion string
 	osArch    string
 	quick     bool
-	compare   string // what the comparison ran
-	mailbox   string // what the mailbox comparisons ran
-	signal    string // what the signal comparison ran
-	turn      string // what the TURN comparison ran
-	micro     string // what the micro and push benchmarks ran
-	elapsed   time.Duration
+	// parts says what each part of the run ran and how long it took, in
+	// the order they ran: {"channel comparison", "8 rounds …; 57s"}.
+	parts   [][2]string
+	elapsed time.Duration
 }
 
 // render writes the whole report: header, table, raw output.
@@ -291,19 +310,23 @@ func render(info runInfo, rows []row, raw string) string {
 	fmt.Fprintf(&b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s\n", info.cpu, info.cores, info.procs, info.osArch)
 	fmt.Fprintf(&b, "- Go: %s\n", info.goVersion)
 	fmt.Fprintf(&b, "- Run: %s, %v in all\n", mode, info.elapsed.Round(time.Second))
-	fmt.Fprintf(&b, "  - channel comparison: %s\n", info.compare)
-	fmt.Fprintf(&b, "  - mailbox comparisons: %s\n", info.mailbox)
-	fmt.Fprintf(&b, "  - signal comparison: %s\n", info.signal)
-	fmt.Fprintf(&b, "  - TURN comparison: %s\n", info.turn)
-	fmt.Fprintf(&b, "  - micro and push benchmarks: %s\n", info.micro)
+	for _, p := range info.parts {
+		fmt.Fprintf(&b, "  - %s: %s\n", p[0], p[1])
+	}
 	b.WriteString("\nRatio is how many times better ours is: ours ÷ baseline for rates, " +
-		"baseline ÷ ours for times and allocations. Per-operation cells are the median over " +
-		"the runs: time per operation, then allocations per operation. Ours and the baseline " +
-		"ran on this machine in this run.\n\n")
+		"baseline ÷ ours for times, memory and allocations. Load comparisons alternate ours and the baseline " +
+		"round by round (ABBA), drop the first round and give medians; their ratio is the median of the " +
+		"per-round ratios (each round ran both sides back to back), the ratio of the medians beside it. " +
+		"Brackets give the spread: the lowest and the highest value over the counted rounds (load comparisons) " +
+		"or over the -count runs (micro benchmarks). Per-operation cells of the micro benchmarks are the median " +
+		"time per operation, then allocations per operation. \"Per relay (server) CPU-second\" divides the work " +
+		"done by the CPU time of the server's own process, pinned to a core apart from the load generator's. " +
+		"Ours and the baseline ran on this machine in this run. The mailbox HEAD, GET and PUT figures come from " +
+		"the pinned out-of-process comparison (mailboxbench.ComparePinned), which replaces the earlier " +
+		"in-process loopback rows: those shared two cores between server and load generator.\n\n")
 	b.WriteString("| figure | ours | baseline | ratio | goal |\n|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n",
-			cell(r.figure), cell(r.ours), cell(r.baseline), cell(r.ratio), cell(r.goal))
+		b.WriteString(r.Markdown() + "\n")
 	}
 	b.WriteString("\n<details><summary>Raw output</summary>\n\n```\n")
 	b.WriteString(strings.TrimRight(raw, "\n"))
@@ -311,61 +334,9 @@ func render(info runInfo, rows []row, raw string) string {
 	return b.String()
 }
 
-// cell keeps a table cell on its line and its pipes literal.
-func cell(s string) string {
-	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
-}
-
-func verdict(goal string, met bool) string {
-	if met {
-		return goal + " — met"
-	}
-	return goal + " — **not met**"
-}
-
-func times(r float64) string {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f×", r)
-}
-
-func perOp(ns, allocs float64) string {
-	return fmt.Sprintf("%s, %g allocs", nsString(ns), allocs)
-}
-
-func nsString(ns float64) string {
-	switch {
-	case ns >= 1e6:
-		return fmt.Sprintf("%.2f ms", ns/1e6)
-	case ns >= 1e3:
-		return fmt.Sprintf("%.2f µs", ns/1e3)
-	default:
-		return fmt.Sprintf("%.1f ns", ns)
-	}
-}
-
 func roundDur(d time.Duration) time.Duration {
 	if d >= time.Millisecond {
 		return d.Round(10 * time.Microsecond)
 	}
 	return d.Round(time.Microsecond)
-}
-
-// thousands formats a rate as a whole number with comma separators.
-func thousands(v float64) string {
-	s := fmt.Sprintf("%.0f", v)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }

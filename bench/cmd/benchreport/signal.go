@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/benchfmt"
 	"edgerelay/bench/pushbench"
 	"edgerelay/bench/signalbench"
 )
@@ -21,13 +22,7 @@ const (
 // The goals the issues set for the mailbox extensions and the push
 // gateway.
 const (
-	goalSignalRatio = 1.3 // frames per relay CPU-second, ours ÷ baseline
-	// goalSignalAllocs bounds the relay process's allocations per frame
-	// counted over a whole run: zero per frame, but the process also
-	// answers the comparison's stats queries and runs its runtime's
-	// background work, a handful of allocations in a run of 100,000s of
-	// frames. One frame in a thousand allocating would fail it.
-	goalSignalAllocs  = 0.001
+	goalSignalRatio   = 1.3  // frames per relay CPU-second, ours ÷ baseline
 	goalPushesPerCore = 4000 // pushes per CPU-second, fan-out and gateway alike
 )
 
@@ -40,12 +35,12 @@ type signalResults struct {
 
 // runSignal runs the signal comparison: ours and the baseline, each in a
 // process of its own, under the same loads.
-func runSignal(ctx context.Context, s settings, progress io.Writer) signalResults {
+func runSignal(ctx context.Context, s settings, bins servers, progress io.Writer) signalResults {
 	fmt.Fprintf(progress, "\n== mailbox signal forwarding: ours vs baseline, each relay in a process of its own, %d rounds of %v, %d rendezvous\n",
 		s.rounds, s.signalRound, s.signalPairs)
 	var r signalResults
 	r.rep, r.err = signalbench.Compare(ctx, signalbench.Options{
-		Rounds: s.rounds, RoundTime: s.signalRound, Pairs: s.signalPairs, Progress: progress,
+		Rounds: s.rounds, RoundTime: s.signalRound, Pairs: s.signalPairs, Binary: bins.path("signalserve"), Progress: progress,
 	})
 	if r.err != nil {
 		fmt.Fprintf(progress, "comparison failed: %v\n", r.err)
@@ -56,16 +51,13 @@ func runSignal(ctx context.Context, s settings, progress io.Writer) signalResult
 	return r
 }
 
-func signalInfo(s settings, r signalResults, took time.Duration) string {
+func signalInfo(s settings, r signalResults) string {
 	if r.err != nil {
-		return fmt.Sprintf("failed after %v (see the table and the raw output)", took.Round(time.Second))
+		return "failed (see the table and the raw output)"
 	}
-	pinned := "relays and load generator not pinned (no taskset or one core)"
-	if r.rep.Pinned {
-		pinned = fmt.Sprintf("each relay pinned to core %d, the load generator to core %d", r.rep.Options.ServerCPU, r.rep.Options.LoadCPU)
-	}
-	return fmt.Sprintf("%d rounds per relay and load (first dropped) of %v, alternated; %d rendezvous with both sides open; %s; %v",
-		s.rounds, s.signalRound, s.signalPairs, pinned, took.Round(time.Second))
+	return fmt.Sprintf("%d rounds per relay and load (first dropped) of %v, alternated; %d rendezvous with both sides open; %s",
+		s.rounds, s.signalRound, s.signalPairs,
+		pinnedText(r.rep.Pinned, r.rep.Options.ServerCPU, r.rep.Options.LoadCPU, "relay", r.rep.Warnings))
 }
 
 // loadText says what one signal load was.
@@ -94,19 +86,19 @@ func signalRows(r signalResults, bench benchResults) []row {
 		o, b := res.Ours, res.Baseline
 		rows = append(rows,
 			row{
-				figure: fmt.Sprintf("mailbox signal forwarding, %s, %d rendezvous: frames per relay CPU-second (frames/s, relay core use); "+
+				Figure: fmt.Sprintf("mailbox signal forwarding, %s, %d rendezvous: frames per relay CPU-second (frames/s, relay core use); "+
 					"%s; baseline: net/http + gorilla/websocket", loadText(res.Load), r.rep.Options.Pairs, pinned),
-				ours:     signalCell(o),
-				baseline: signalCell(b),
-				ratio:    fmt.Sprintf("%s (ratio of the medians %s)", times(res.RoundRatio), times(res.Ratio)),
-				goal:     verdict(fmt.Sprintf("≥ %.1f×", goalSignalRatio), res.RoundRatio >= goalSignalRatio),
+				Ours:     signalCell(o),
+				Baseline: signalCell(b),
+				Ratio:    benchfmt.RoundRatio(res.RoundRatio, ratiosOf(signalPerCore(o), signalPerCore(b)), res.Ratio),
+				Goal:     verdict(fmt.Sprintf("≥ %.1f×", goalSignalRatio), res.RoundRatio >= goalSignalRatio),
 			},
 			row{
-				figure:   fmt.Sprintf("mailbox signal forwarding, %s: relay process heap allocations per forwarded frame", loadText(res.Load)),
-				ours:     fmt.Sprintf("%.3f", o.AllocsPerFrame),
-				baseline: fmt.Sprintf("%.3f", b.AllocsPerFrame),
-				ratio:    "—",
-				goal:     verdict("0 allocs/frame", o.AllocsPerFrame <= goalSignalAllocs),
+				Figure:   fmt.Sprintf("mailbox signal forwarding, %s: relay process heap allocations per forwarded frame", loadText(res.Load)),
+				Ours:     fmt.Sprintf("%.3f", o.AllocsPerFrame),
+				Baseline: fmt.Sprintf("%.3f", b.AllocsPerFrame),
+				Ratio:    "—",
+				Goal:     verdict("0 allocs/frame", o.AllocsPerFrame <= goalFrameAllocs),
 			})
 	}
 	found := false
@@ -120,23 +112,27 @@ func signalRows(r signalResults, bench benchResults) []row {
 		ns, _ := bench.median(pkgSignal, name, "ns/op")
 		fps, _ := bench.median(pkgSignal, name, "frames/s")
 		rows = append(rows, row{
-			figure: fmt.Sprintf("mailbox signal forwarding, %s B frames one in flight, one process with raw clients that allocate nothing: "+
+			Figure: fmt.Sprintf("mailbox signal forwarding, %s B frames one in flight, one process with raw clients that allocate nothing: "+
 				"relay allocs per round trip of two frames (frames/s, µs per round trip)", strings.TrimSuffix(size, "B")),
-			ours:     fmt.Sprintf("%g (%s frames/s, %.1f µs)", allocs, thousands(fps), ns/1e3),
-			baseline: "—",
-			ratio:    "—",
-			goal:     verdict("0 allocs/frame", allocs == 0),
+			Ours:     fmt.Sprintf("%g (%s%s frames/s, %.1f µs)", allocs, thousands(fps), benchfmt.RateSpread(bench.values(pkgSignal, name, "frames/s")), ns/1e3),
+			Baseline: "—",
+			Ratio:    "—",
+			Goal:     verdict("0 allocs/frame", allocs == 0),
 		})
 	}
 	if !found {
-		rows = append(rows, row{figure: "mailbox signal forwarding, relay allocs per round trip (one process, raw clients)", ours: "missing",
-			baseline: "—", ratio: "—", goal: "0 allocs/frame — no result (see the raw output)"})
+		rows = append(rows, row{Figure: "mailbox signal forwarding, relay allocs per round trip (one process, raw clients)", Ours: "missing",
+			Baseline: "—", Ratio: "—", Goal: "0 allocs/frame — no result (see the raw output)"})
 	}
 	return rows
 }
 
 func signalCell(s signalbench.Side) string {
-	return fmt.Sprintf("%s (%s/s, %.0f%% of a core)", thousands(s.PerCoreSec), thousands(s.PerSec), 100*s.CoreUse)
+	return fmt.Sprintf("%s (%s/s, %.0f%% of a core)", benchfmt.Rate(s.PerCoreSec, signalPerCore(s)), thousands(s.PerSec), 100*s.CoreUse)
+}
+
+func signalPerCore(s signalbench.Side) []float64 {
+	return abtest.Values(s.Runs, signalbench.Run.PerCoreSec)
 }
 
 // pushFanoutRows is the mailbox's push fan-out figure, from
@@ -152,17 +148,17 @@ func pushFanoutRows(bench benchResults) []row {
 	goal := fmt.Sprintf("≥ %s/s per core", thousands(goalPushesPerCore))
 	perCore, ok := bench.median(pkgPush, name, "pushes/cpu-s")
 	if !ok {
-		return []row{{figure: what, ours: "missing", baseline: "—", ratio: "—", goal: goal + " — no result (see the raw output)"}}
+		return []row{{Figure: what, Ours: "missing", Baseline: "—", Ratio: "—", Goal: goal + " — no result (see the raw output)"}}
 	}
 	perSec, _ := bench.median(pkgPush, name, "pushes/s")
 	allocs, _ := bench.median(pkgPush, name, "allocs/op")
 	skipped, _ := bench.median(pkgPush, name, "skipped/op")
 	return []row{{
-		figure:   what,
-		ours:     fmt.Sprintf("%s (%s/s; %.0f allocs; %.1f%% skipped)", thousands(perCore), thousands(perSec), allocs, 100*skipped),
-		baseline: "— (no baseline)",
-		ratio:    "—",
-		goal:     verdict(goal+", none skipped", perCore >= goalPushesPerCore && skipped == 0),
+		Figure:   what,
+		Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs; %.1f%% skipped)", thousands(perCore), thousands(perSec), allocs, 100*skipped),
+		Baseline: "— (no baseline)",
+		Ratio:    "—",
+		Goal:     verdict(goal+", none skipped", perCore >= goalPushesPerCore && skipped == 0),
 	}}
 }
 
@@ -181,18 +177,18 @@ func pushgwRows(bench benchResults) []row {
 		perSec, _ := bench.median(pkgPushgw, name, "pushes/s")
 		allocs, _ := bench.median(pkgPushgw, name, "allocs/op")
 		rows = append(rows, row{
-			figure: fmt.Sprintf("push gateway POST /send → fake APNs over HTTP/2, daily budget %s, 8 concurrent senders per core over loopback: "+
+			Figure: fmt.Sprintf("push gateway POST /send → fake APNs over HTTP/2, daily budget %s, 8 concurrent senders per core over loopback: "+
 				"pushes per CPU-second of the whole process (client, gateway, provider client, fake APNs) (pushes/s; allocs per send, whole process)",
 				map[bool]string{true: "on (metered)", false: "off"}[variant == "metered"]),
-			ours:     fmt.Sprintf("%s (%s/s; %.0f allocs)", thousands(perCore), thousands(perSec), allocs),
-			baseline: "— (no baseline)",
-			ratio:    "—",
-			goal:     verdict(goal, perCore >= goalPushesPerCore),
+			Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs)", thousands(perCore), thousands(perSec), allocs),
+			Baseline: "— (no baseline)",
+			Ratio:    "—",
+			Goal:     verdict(goal, perCore >= goalPushesPerCore),
 		})
 	}
 	if len(rows) == 0 {
-		rows = append(rows, row{figure: "push gateway POST /send → fake APNs: pushes per CPU-second", ours: "missing",
-			baseline: "— (no baseline)", ratio: "—", goal: goal + " — no result (see the raw output)"})
+		rows = append(rows, row{Figure: "push gateway POST /send → fake APNs: pushes per CPU-second", Ours: "missing",
+			Baseline: "— (no baseline)", Ratio: "—", Goal: goal + " — no result (see the raw output)"})
 	}
 	return rows
 }

@@ -4,8 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"time"
 
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/benchfmt"
 	"edgerelay/bench/turnbench"
 )
 
@@ -23,14 +24,15 @@ type turnResults struct {
 
 // runTURN runs bench/turnbench's comparison with its payloads (120 and
 // 1,200 bytes), the run's rounds and time per run.
-func runTURN(ctx context.Context, s settings, progress io.Writer) turnResults {
+func runTURN(ctx context.Context, s settings, bins servers, progress io.Writer) turnResults {
 	if !s.turn {
 		fmt.Fprintf(progress, "\n== TURN: skipped (-turn=false)\n")
 		return turnResults{skipped: true}
 	}
 	fmt.Fprintf(progress, "\n== TURN relay: ours vs coturn, each server a process of its own, %d rounds per payload of %v\n", s.turnRounds, s.turnRound)
 	var r turnResults
-	r.rep, r.err = turnbench.Compare(ctx, turnbench.Options{Rounds: s.turnRounds, Duration: s.turnRound, Progress: progress})
+	r.rep, r.err = turnbench.Compare(ctx, turnbench.Options{Rounds: s.turnRounds, Duration: s.turnRound,
+		Turnserve: bins.path("turnserve"), Progress: progress})
 	if r.err != nil {
 		fmt.Fprintf(progress, "comparison failed: %v\n", r.err)
 	}
@@ -43,12 +45,12 @@ func runTURN(ctx context.Context, s settings, progress io.Writer) turnResults {
 	return r
 }
 
-func turnInfo(s settings, r turnResults, took time.Duration) string {
+func turnInfo(s settings, r turnResults) string {
 	if r.skipped {
 		return "skipped (-turn=false)"
 	}
 	if r.err != nil {
-		return fmt.Sprintf("failed after %v (see the table and the raw output)", took.Round(time.Second))
+		return "failed (see the table and the raw output)"
 	}
 	o := r.rep.Options
 	pinned := "servers and load generator not pinned (no taskset or one core)"
@@ -59,8 +61,8 @@ func turnInfo(s settings, r turnResults, took time.Duration) string {
 	if s.quick {
 		quick = "QUICK: one short counted round per payload; "
 	}
-	return fmt.Sprintf("%s%d rounds per payload (first dropped) of %v, alternated; %d allocations × %d datagrams in flight; %s; coturn %s; %v",
-		quick, s.turnRounds, s.turnRound, o.Allocations, o.Window, pinned, firstLine(r.rep.Coturn), took.Round(time.Second))
+	return fmt.Sprintf("%s%d rounds per payload (first dropped) of %v, alternated; %d allocations × %d datagrams in flight; %s; coturn %s",
+		quick, s.turnRounds, s.turnRound, o.Allocations, o.Window, pinned, firstLine(r.rep.Coturn))
 }
 
 // firstLine is the first line of s ("" stays "").
@@ -79,8 +81,8 @@ func firstLine(s string) string {
 // is C: the Go runtime's count has no equivalent there).
 func turnRows(r turnResults) []row {
 	if r.skipped {
-		return []row{{figure: "TURN relay vs coturn", ours: "skipped", baseline: "skipped", ratio: "—",
-			goal: fmt.Sprintf("≥ %.1f× — skipped (-turn=false)", goalTURNRatio)}}
+		return []row{{Figure: "TURN relay vs coturn", Ours: "skipped", Baseline: "skipped", Ratio: "—",
+			Goal: fmt.Sprintf("≥ %.1f× — skipped (-turn=false)", goalTURNRatio)}}
 	}
 	var rows []row
 	if r.err != nil {
@@ -94,25 +96,27 @@ func turnRows(r turnResults) []row {
 	for _, p := range r.rep.Results {
 		rows = append(rows,
 			row{
-				figure: fmt.Sprintf("TURN relayed packets per server CPU-second, %s B payloads (packets/s, server core use); %s; "+
+				Figure: fmt.Sprintf("TURN relayed packets per server CPU-second, %s B payloads (packets/s, server core use); %s; "+
 					"%d allocations × %d in flight, ChannelData to UDP echo peers; baseline: coturn",
 					thousands(float64(p.Payload)), where, o.Allocations, o.Window),
-				ours:     turnCell(p.Ours),
-				baseline: turnCell(p.Coturn),
-				ratio:    fmt.Sprintf("%s (ratio of the medians %s)", times(p.RoundRatio), times(p.Ratio)),
-				goal:     verdict(fmt.Sprintf("≥ %.1f×", goalTURNRatio), p.RoundRatio >= goalTURNRatio),
+				Ours:     turnCell(p.Ours),
+				Baseline: turnCell(p.Coturn),
+				Ratio:    benchfmt.RoundRatio(p.RoundRatio, ratiosOf(turnPerCore(p.Ours), turnPerCore(p.Coturn)), p.Ratio),
+				Goal:     verdict(fmt.Sprintf("≥ %.1f×", goalTURNRatio), p.RoundRatio >= goalTURNRatio),
 			},
 			row{
-				figure:   fmt.Sprintf("TURN heap allocations per relayed packet, %s B payloads (our server process)", thousands(float64(p.Payload))),
-				ours:     fmt.Sprintf("%.3f", p.Ours.AllocsPerPacket),
-				baseline: "— (coturn is C)",
-				ratio:    "—",
-				goal:     "—",
+				Figure:   fmt.Sprintf("TURN heap allocations per relayed packet, %s B payloads (our server process)", thousands(float64(p.Payload))),
+				Ours:     fmt.Sprintf("%.3f", p.Ours.AllocsPerPacket),
+				Baseline: "— (coturn is C)",
+				Ratio:    "—",
+				Goal:     "—",
 			})
 	}
 	return rows
 }
 
 func turnCell(s turnbench.Side) string {
-	return fmt.Sprintf("%s (%s/s, %.0f%% of a core)", thousands(s.PerCoreSec), thousands(s.PerSec), 100*s.CoreUse)
+	return fmt.Sprintf("%s (%s/s, %.0f%% of a core)", benchfmt.Rate(s.PerCoreSec, turnPerCore(s)), thousands(s.PerSec), 100*s.CoreUse)
 }
+
+func turnPerCore(s turnbench.Side) []float64 { return abtest.Values(s.Runs, turnbench.Run.PerCoreSec) }

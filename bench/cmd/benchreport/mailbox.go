@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"edgerelay/bench/mailboxbench"
+)
+
+// mailboxWriters are the PUT comparison's writer counts: one writer, and
+// many each on a mailbox of its own.
+var mailboxWriters = []int{1, 64}
+
+// mailboxGOMAXPROCS is the mailbox servers' GOMAXPROCS on their one
+// pinned core, as the binary's: serve keeps at least two Ps so that a
+// blocking fdatasync of Pebble's WAL does not hold the only one while
+// requests that would join the next group commit wait. The baseline and
+// raw Pebble get the same.
+const mailboxGOMAXPROCS = 2
+
+// mailboxResults are the mailbox comparisons' reports, each with the error
+// that stopped it (its rows then say so).
+type mailboxResults struct {
+	pinned   mailboxbench.PinnedReport
+	watch    mailboxbench.WatchReport
+	pinErr   error
+	watchErr error
+}
+
+func (m mailboxResults) err() error { return errors.Join(m.pinErr, m.watchErr) }
+
+// runMailbox runs the mailbox comparisons one after the other: HEAD and
+// GET against the net/http baseline and synced envelope PUTs against raw
+// Pebble, each server a process of its own pinned apart from the load
+// generator (mailboxbench.ComparePinned), then the memory of idle watch
+// sockets.
+func runMailbox(ctx context.Context, s settings, bins servers, progress io.Writer) mailboxResults {
+	var m mailboxResults
+	fmt.Fprintf(progress, "\n== mailbox HEAD, GET and synced PUT: ours vs net/http and raw Pebble, each server pinned in a process of its own, %d rounds of %v\n",
+		s.rounds, s.mailboxRound)
+	m.pinned, m.pinErr = mailboxbench.ComparePinned(ctx, mailboxbench.PinnedOptions{
+		Rounds: s.rounds, RoundTime: s.mailboxRound, Writers: mailboxWriters,
+		ServerGOMAXPROCS: mailboxGOMAXPROCS, Binary: bins.path("mailboxserve"), Progress: progress,
+	})
+	if m.pinErr != nil {
+		fmt.Fprintf(progress, "comparison failed: %v\n", m.pinErr)
+	}
+	for _, w := range m.pinned.Warnings {
+		fmt.Fprintf(progress, "warning: %s\n", w)
+	}
+	fmt.Fprintf(progress, "\n== mailbox idle watch sockets: ours vs baseline, %s sockets, a server process each\n", thousands(float64(s.watchSockets)))
+	m.watch, m.watchErr = mailboxbench.CompareWatchMemory(ctx, mailboxbench.WatchOptions{
+		Binary: bins.path("watchmem"), Sockets: s.watchSockets, Progress: progress})
+	if m.watchErr != nil {
+		fmt.Fprintf(progress, "comparison failed: %v\n", m.watchErr)
+	}
+	return m
+}
+
+func mailboxInfo(s settings, m mailboxResults) string {
+	o := m.pinned.Options
+	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v, alternated; HEAD and GET over %d connections; "+
+		"PUTs of %d B envelopes by %d and %d writers against raw Pebble; servers with GOMAXPROCS=%d; %s; "+
+		"%s idle watch sockets per server",
+		s.rounds, s.mailboxRound, o.Conns, o.EnvelopeSize, mailboxWriters[0], mailboxWriters[1],
+		mailboxGOMAXPROCS, pinnedText(m.pinned.Pinned, o.ServerCPU, o.LoadCPU, "server", m.pinned.Warnings), thousands(float64(s.watchSockets)))
+}
+
+// mailboxRows are the mailbox figures: the pinned comparison's (HEAD and
+// GET per server CPU-second against the net/http baseline, synced PUTs
+// against raw Pebble), the handlers called directly (from the micro
+// benchmarks), and the memory of an idle watch socket.
+func mailboxRows(m mailboxResults, bench benchResults) []row {
+	var rows []row
+	if m.pinErr != nil {
+		rows = append(rows, failedRow("mailbox pinned comparison (HEAD, GET, PUT)", m.pinErr))
+	}
+	rows = append(rows, m.pinned.Rows()...)
+	for _, c := range []struct{ slug, name string }{{"head-direction", "HEAD of a direction"}, {"get-envelope", "GET of one envelope"}} {
+		name := "BenchmarkServeHTTP/" + c.slug
+		ours, base := bench.op(pkgMailbox, name+"/ours"), bench.op(pkgMailbox, name+"/baseline")
+		if !ours.ok || !base.ok {
+			rows = append(rows, row{Figure: "mailbox " + c.name + ", handler called directly", Ours: "missing",
+				Baseline: "missing", Ratio: "—", Goal: "no result (see the raw output)"})
+			continue
+		}
+		ratio := base.ns / ours.ns
+		goal, met := fmt.Sprintf("≥ %.0f×", goalMailboxReads), ratio >= goalMailboxReads
+		if c.slug == "head-direction" {
+			goal, met = goal+", 0 allocs", met && ours.allocs == 0
+		}
+		rows = append(rows, row{
+			Figure:   "mailbox " + c.name + ", handler called directly (no server, no socket; net/http's own per-request cost left out of the baseline)",
+			Ours:     ours.String(),
+			Baseline: base.String(),
+			Ratio:    times(ratio),
+			Goal:     verdict(goal, met),
+		})
+	}
+	if m.watchErr != nil {
+		rows = append(rows, failedRow("mailbox idle watch socket memory", m.watchErr))
+	} else if len(m.watch.Ours) > 0 {
+		rows = append(rows, row{
+			Figure: fmt.Sprintf("mailbox idle watch socket, resident memory per socket with %s open (server in a process of its own; "+
+				"baseline: net/http + gorilla/websocket)", thousands(float64(m.watch.Options.Sockets))),
+			Ours:     idleCell(medianIdle(m.watch.Ours)),
+			Baseline: idleCell(medianIdle(m.watch.Baseline)),
+			Ratio:    times(m.watch.Ratio),
+			Goal:     verdict(fmt.Sprintf("≤ %d KiB per socket", goalWatchBytes>>10), m.watch.OursMedian <= goalWatchBytes),
+		})
+	}
+	return rows
+}
