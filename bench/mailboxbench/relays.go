@@ -2,13 +2,18 @@
 // the yardsticks DESIGN.md names, each measured in the same run on the same
 // machine, so that the ratios, not the absolute figures, are what counts:
 //
-//   - ComparePut: envelope PUTs over loopback HTTP, each synced to disk
-//     before its 201, against raw Pebble commits of the same key and value
-//     sizes with pebble.Sync: how much of the disk's synced-write ceiling
-//     the request path leaves.
-//   - CompareReads: HEAD of a direction and GET of one envelope against the
-//     plain net/http baseline in bench/baseline/mailbox over the same
-//     store, both over loopback and with the handlers called directly.
+//   - ComparePinned, what `make bench` reports: HEAD of a direction and GET
+//     of one envelope against the plain net/http baseline in
+//     bench/baseline/mailbox, and envelope PUTs synced before their 201
+//     against raw Pebble commits of the same key and value sizes with
+//     pebble.Sync, each server a process of its own (cmd/mailboxserve)
+//     pinned to one core and the load generator to another: requests per
+//     server CPU-second, and the share of the disk's synced-write ceiling
+//     the request path keeps.
+//   - ComparePut and CompareReads: the same in one process over loopback,
+//     server and load generator sharing the cores (quicker to run; their
+//     benchmarks, BenchmarkPut and BenchmarkRead, use them).
+//   - BenchmarkServeHTTP: the HEAD and GET handlers called directly.
 //   - CompareWatchMemory: the memory one idle watch socket costs, ours and
 //     the baseline's, each in a server process of its own
 //     (cmd/watchmem) holding thousands of sockets.
