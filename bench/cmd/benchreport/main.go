@@ -162,6 +162,9 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
 		s.mailboxRound = 300 * time.Millisecond
+		// Idle sockets: enough to see the per-socket cost, a fifth of the
+		// full run's 10,000 (opening them is most of those figures' time).
+		s.watchSockets, s.idlePhones = 2_000, 2_000
 		s.signalRound = 250 * time.Millisecond
 		s.agentRounds, s.agentFrames, s.agentLatency, s.agentLatencyRounds = 3, 50_000, 200*time.Millisecond, 1
 		s.turnRounds, s.turnRound = 2, 300*time.Millisecond

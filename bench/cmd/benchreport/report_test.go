@@ -170,8 +170,11 @@ func TestRenderHeader(t *testing.T) {
 }
 
 func TestQuickDefaults(t *testing.T) {
+	if s, err := parseSettings(nil, false); err != nil || s.idlePhones != 10_000 || s.watchSockets != 10_000 || s.rounds < 6 || s.agentRounds < 6 {
+		t.Fatalf("the full run's defaults fall short of the issue's: %+v %v", s, err)
+	}
 	s, err := parseSettings(nil, true)
-	if err != nil || s.rounds != 3 || s.count != 1 {
+	if err != nil || s.rounds != 3 || s.count != 1 || s.idlePhones != 2_000 || s.watchSockets != 2_000 {
 		t.Fatalf("%+v %v", s, err)
 	}
 	s, err = parseSettings([]string{"-rounds=5"}, true)
