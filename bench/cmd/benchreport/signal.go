@@ -155,7 +155,7 @@ func pushFanoutRows(bench benchResults) []row {
 	skipped, _ := bench.median(pkgPush, name, "skipped/op")
 	return []row{{
 		Figure:   what,
-		Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs; %.1f%% skipped)", thousands(perCore), thousands(perSec), allocs, 100*skipped),
+		Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs; %.1f%% skipped)", benchfmt.Rate(perCore, bench.values(pkgPush, name, "pushes/cpu-s")), thousands(perSec), allocs, 100*skipped),
 		Baseline: "— (no baseline)",
 		Ratio:    "—",
 		Goal:     verdict(goal+", none skipped", perCore >= goalPushesPerCore && skipped == 0),
@@ -180,7 +180,7 @@ func pushgwRows(bench benchResults) []row {
 			Figure: fmt.Sprintf("push gateway POST /send → fake APNs over HTTP/2, daily budget %s, 8 concurrent senders per core over loopback: "+
 				"pushes per CPU-second of the whole process (client, gateway, provider client, fake APNs) (pushes/s; allocs per send, whole process)",
 				map[bool]string{true: "on (metered)", false: "off"}[variant == "metered"]),
-			Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs)", thousands(perCore), thousands(perSec), allocs),
+			Ours:     fmt.Sprintf("%s (%s/s; %.0f allocs)", benchfmt.Rate(perCore, bench.values(pkgPushgw, name, "pushes/cpu-s")), thousands(perSec), allocs),
 			Baseline: "— (no baseline)",
 			Ratio:    "—",
 			Goal:     verdict(goal, perCore >= goalPushesPerCore),

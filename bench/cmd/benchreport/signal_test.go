@@ -17,6 +17,8 @@ pkg: edgerelay/bench/pushbench
 BenchmarkPushFanout-2   	   43446	     91382 ns/op	      7614 pushes/cpu-s	     10943 pushes/s	         0 skipped/op	   21311 B/op	     195 allocs/op
 pkg: edgerelay/bench/pushgwbench
 BenchmarkSendAPNs/unmetered-2         	   30000	     45000 ns/op	     13572 pushes/cpu-s	     21923 pushes/s	   12000 B/op	     148 allocs/op
+BenchmarkSendAPNs/unmetered-2         	   30000	     45000 ns/op	     13000 pushes/cpu-s	     21923 pushes/s	   12000 B/op	     148 allocs/op
+BenchmarkSendAPNs/unmetered-2         	   30000	     45000 ns/op	     14000 pushes/cpu-s	     21923 pushes/s	   12000 B/op	     148 allocs/op
 BenchmarkSendAPNs/metered-2           	   30000	     45000 ns/op	      3500 pushes/cpu-s	     22381 pushes/s	   12000 B/op	     149 allocs/op
 `
 
@@ -66,7 +68,7 @@ func TestPushRows(t *testing.T) {
 		"256 mailboxes each with its own registered device, 32 writers: pushes per CPU-second",
 		"| 7,614 (10,943/s; 195 allocs; 0.0% skipped) | — (no baseline) | — | ≥ 4,000/s per core, none skipped — met |",
 		"daily budget off, 8 concurrent senders per core over loopback",
-		"| 13,572 (21,923/s; 148 allocs) | — (no baseline) | — | ≥ 4,000/s per core — met |",
+		"| 13,572 [13,000–14,000] (21,923/s; 148 allocs) | — (no baseline) | — | ≥ 4,000/s per core — met |",
 		"| 3,500 (22,381/s; 149 allocs) | — (no baseline) | — | ≥ 4,000/s per core — **not met** |",
 	)
 	// A push skipped is a push not counted: the goal is not met however
