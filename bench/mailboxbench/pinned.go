@@ -168,10 +168,13 @@ type PinnedReport struct {
 	Options PinnedOptions // defaults filled in
 	// Pinned says the servers and the load generator ran on separate
 	// cores; without it the figures share the machine like CompareReads'.
-	Pinned   bool
-	Machine  string
-	Go       string
-	Figures  []PinnedFigure // HEAD, GET, then PUT per writer count
+	Pinned  bool
+	Machine string
+	Go      string
+	Figures []PinnedFigure // HEAD, GET, then PUT per writer count
+	// Floor is the floor server (floorServer) under the HEAD load: the
+	// CPU per request that no server on this machine can go below.
+	Floor    *PinnedSide
 	Profiles []PinnedProfile
 	Warnings []string
 	Elapsed  time.Duration
@@ -258,6 +261,11 @@ func ComparePinned(ctx context.Context, o PinnedOptions) (rep PinnedReport, err 
 	if rerr != nil {
 		return rep, rerr
 	}
+	floor, ferr := b.floor(ctx)
+	if ferr != nil {
+		return rep, ferr
+	}
+	rep.Floor = &floor
 	puts, perr := b.puts(ctx)
 	rep.Figures = append(rep.Figures, puts...)
 	if perr != nil {

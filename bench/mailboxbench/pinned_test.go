@@ -76,9 +76,16 @@ func TestComparePinnedSmoke(t *testing.T) {
 			t.Errorf("profile %s: top %q", p.Figure, p.Top)
 		}
 	}
+	if rep.Floor == nil || len(rep.Floor.Runs) != 1 || rep.Floor.PerSec <= 0 {
+		t.Errorf("HTTP floor: %+v", rep.Floor)
+	}
 	md := rep.Markdown()
-	if rows := strings.Count(md, "\n"); rows != 6 {
-		t.Errorf("%d rows, want 6:\n%s", rows, md)
+	// Two rows per figure and the HTTP floor's after the HEAD rows.
+	if rows := strings.Count(md, "\n"); rows != 7 {
+		t.Errorf("%d rows, want 7:\n%s", rows, md)
+	}
+	if lines := strings.Split(md, "\n"); !strings.HasPrefix(lines[2], "| HTTP floor for the HEAD rows") {
+		t.Errorf("third row is not the HTTP floor's: %.80s", lines[2])
 	}
 	for line := range strings.Lines(md) {
 		if strings.Count(line, " | ") != 4 || !strings.HasPrefix(line, "| ") {

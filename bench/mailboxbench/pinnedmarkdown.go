@@ -61,6 +61,9 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 					Ratio: wallRatio,
 					Goal:  "— (throughput of one load core; the goal is per server core)",
 				})
+			if f.Name == kindNames[kindHead] && r.Floor != nil {
+				rows = append(rows, floorRow(*r.Floor, f.Other, where, median))
+			}
 			continue
 		}
 		goal := PinnedGoalPutWriters
@@ -88,6 +91,24 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 	}
 	return rows
 }
+
+// floorRow sets the floor server beside the baseline's HEAD: the ratio is
+// the most any server, doing no work at all, could reach over net/http on
+// this machine's loopback, so it bounds the ≥ 5× goal.
+func floorRow(floor, baseline PinnedSide, where, median string) benchfmt.Row {
+	return benchfmt.Row{
+		Figure: fmt.Sprintf("HTTP floor for the HEAD rows (%s; %s): a Go server that only finds the blank line ending each request "+
+			"and writes a canned answer of the same size, one read and one write per request, under the same load: "+
+			"requests per server CPU-second; the ratio is what a server doing no work at all reaches over the net/http baseline", where, median),
+		Ours:     perCPUCell(floor, runValues(floor, PinnedRun.PerCPUSec), "req"),
+		Baseline: perCPUCell(baseline, runValues(baseline, PinnedRun.PerCPUSec), "req"),
+		Ratio:    times(floor.PerCPUSec / baseline.PerCPUSec),
+		Goal:     fmt.Sprintf("— (the ceiling of the ≥ %.0f× goal on this machine)", PinnedGoalReads),
+	}
+}
+
+// times formats a ratio.
+func times(r float64) string { return fmt.Sprintf("%.2f×", r) }
 
 // Markdown is Rows as table lines, without the header.
 func (r PinnedReport) Markdown() string {

@@ -20,8 +20,9 @@ import (
 type ServeOptions struct {
 	// Relay is "ours" (fastpath/mailbox through fastpath/server, as the
 	// binary serves it), "baseline" (bench/baseline/mailbox on net/http)
-	// or "pebble" (no server: raw Pebble synced commits on command, the
-	// PUT comparison's ceiling).
+	// "floor" (the least an HTTP/1.1 server can do per request, see
+	// floorServer) or "pebble" (no server: raw Pebble synced commits on
+	// command, the PUT comparison's ceiling).
 	Relay string
 	// Dir is the data directory; it must not hold another process's store.
 	Dir string
@@ -85,6 +86,13 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		}
 		defer func() { err = errors.Join(err, r.close()) }()
 		addr = r.addr
+	case "floor":
+		f, err := startFloor(c.Listen)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, f.close()) }()
+		addr = f.addr()
 	case "pebble":
 		raw, err := pebble.Open(filepath.Join(c.Dir, "raw"), &pebble.Options{Logger: quietPebble{}})
 		if err != nil {
@@ -93,7 +101,7 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		defer func() { err = errors.Join(err, raw.Close()) }()
 		commands["put"] = putCommand(rawWriters(raw, c.EnvelopeSize))
 	default:
-		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline or pebble", c.Relay)
+		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline, floor or pebble", c.Relay)
 	}
 	return serverproc.Serve(serverproc.ServeOptions{Ready: addr, MaxLife: c.MaxLife, Commands: commands, CPUProfile: c.CPUProfile}, in, out)
 }
