@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -112,7 +109,7 @@ type keysClient struct {
 }
 
 // errNoServer means no server answered: use the store directly.
-var errNoServer = errors.New("no running server")
+var errNoServer = admin.ErrNoServer
 
 func (k keysClient) add(host string) (string, error) {
 	var resp admin.AddKeyResponse
@@ -165,50 +162,7 @@ func (k keysClient) call(method, suffix string, body any, want int, out any) err
 
 // callAdmin sends one request to the running server's admin listener.
 func (k keysClient) callAdmin(method, path string, body any, want int, out any) error {
-	tok, err := os.ReadFile(filepath.Join(k.dataDir, adminTokenFile))
-	if errors.Is(err, os.ErrNotExist) || k.adminAddr == "" {
-		return errNoServer
-	}
-	if err != nil {
-		return fmt.Errorf("admin token: %w", err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, "http://"+k.adminAddr+path, rd)
-	if err != nil {
-		return fmt.Errorf("admin request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		// A stale token file from a server that was killed: nothing listens.
-		return fmt.Errorf("%w: %v", errNoServer, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("admin answer: %w", err)
-	}
-	if resp.StatusCode != want {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		return fmt.Errorf("relay answered %d: %s", resp.StatusCode, e.Error)
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return fmt.Errorf("admin answer: %w", err)
-		}
-	}
-	return nil
+	return admin.Call(k.adminAddr, filepath.Join(k.dataDir, adminTokenFile), method, path, body, want, out)
 }
 
 // runPushKeys is `edgerelay keys push …`: the push gateway's API keys.

@@ -6,19 +6,17 @@
 package keycmd
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"edgerelay/fastpath/admin"
 	"edgerelay/fastpath/pushgw"
 	"edgerelay/store"
 )
@@ -167,7 +165,7 @@ type client struct {
 }
 
 // errNoServer means no server answered: use the store directly.
-var errNoServer = errors.New("no running server")
+var errNoServer = admin.ErrNoServer
 
 func (c client) create(label string, exp time.Time) (pushgw.NewKey, error) {
 	var nk pushgw.NewKey
@@ -268,51 +266,5 @@ func (c client) offline(fn func([]*pushgw.Keys) error, one bool) error {
 // call sends one admin request; errNoServer when there is no admin token
 // (no server running on this data dir) or nothing listens.
 func (c client) call(method, suffix string, body any, want int, out any) error {
-	if c.cfg.AdminAddr == "" || c.cfg.AdminTokenFile == "" {
-		return errNoServer
-	}
-	tok, err := os.ReadFile(c.cfg.AdminTokenFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return errNoServer
-	}
-	if err != nil {
-		return fmt.Errorf("admin token: %w", err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("admin request: %w", err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, "http://"+c.cfg.AdminAddr+pushgw.AdminPath+suffix, rd)
-	if err != nil {
-		return fmt.Errorf("admin request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	hc := &http.Client{Timeout: 10 * time.Second}
-	resp, err := hc.Do(req)
-	if err != nil {
-		// A stale token file from a server that was killed: nothing listens.
-		return fmt.Errorf("%w: %v", errNoServer, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return fmt.Errorf("admin answer: %w", err)
-	}
-	if resp.StatusCode != want {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		return fmt.Errorf("relay answered %d: %s", resp.StatusCode, e.Error)
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return fmt.Errorf("admin answer: %w", err)
-		}
-	}
-	return nil
+	return admin.Call(c.cfg.AdminAddr, c.cfg.AdminTokenFile, method, pushgw.AdminPath+suffix, body, want, out)
 }
