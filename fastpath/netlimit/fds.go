@@ -57,6 +57,15 @@ func outOfFDs(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
+// kernelShort reports whether err is accept failing for lack of kernel
+// memory (ENOBUFS, ENOMEM): like running out of descriptors it passes when
+// load drops, so the listener waits it out instead of handing fasthttp an
+// error that would stop the server. No connection can be taken off the
+// queue then, so nothing is shed: the listener only backs off.
+func kernelShort(err error) bool {
+	return errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
 // fdGuard is a Listener's state for riding out descriptor exhaustion. Its
 // fields are guarded by mu: net.Listener allows concurrent Accept calls, and
 // Close comes from another goroutine.
@@ -167,6 +176,19 @@ func (g *fdGuard) exhausted(now time.Time, err error, open int) {
 	g.lastWarn, g.warned = now, true
 	g.log.Warn("out of file descriptors: new connections are closed at accept until some close (raise the open-files limit or lower the connection caps)",
 		"err", err.Error(), "refused", g.refused, "since", g.since.UTC().Format(time.RFC3339), "open_connections", open)
+}
+
+// shortOfMemory notes an accept that failed for lack of kernel memory and
+// writes a warning at most once per fdWarnEvery (shared with the descriptor
+// warnings: both say the machine is out of a resource).
+func (g *fdGuard) shortOfMemory(now time.Time, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.log == nil || (!g.lastWarn.IsZero() && now.Sub(g.lastWarn) < fdWarnEvery) {
+		return
+	}
+	g.lastWarn = now
+	g.log.Warn("accept failed for lack of kernel memory: waiting before accepting again", "err", err.Error())
 }
 
 // accepted ends an episode: the listener serves again. The reserve is

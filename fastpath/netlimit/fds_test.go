@@ -242,3 +242,48 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestKernelMemoryShortageIsWaitedOut: ENOBUFS and ENOMEM from accept
+// would stop fasthttp's Serve (and the relay); the listener backs off,
+// warns once, and serves the connection that comes once memory is back.
+func TestKernelMemoryShortageIsWaitedOut(t *testing.T) {
+	var logs syncBuffer
+	h := start(t, Limits{}, func(l *Listener) {
+		l.inner = &failingListener{TCPListener: l.inner.(*net.TCPListener),
+			errs: []error{syscall.ENOBUFS, syscall.ENOMEM, syscall.ENOBUFS}}
+		l.SetLog(slog.New(slog.NewTextHandler(&logs, nil)))
+	})
+	begin := time.Now()
+	h.expectAccepted(h.dial("127.0.0.1"))
+	// Pauses of 5, 10 and 20 ms come between the four calls.
+	if took := time.Since(begin); took < 35*time.Millisecond {
+		t.Fatalf("three failed accepts and a served one within %v: no back-off", took)
+	}
+	if n := strings.Count(logs.String(), "lack of kernel memory"); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+	for reason, n := range h.counts.snapshot() {
+		if n != 0 {
+			t.Fatalf("%d refusals counted as %q: nothing was refused", n, reason)
+		}
+	}
+}
+
+// failingListener fails its first Accepts with errs, then accepts.
+type failingListener struct {
+	*net.TCPListener
+	mu   sync.Mutex
+	errs []error
+}
+
+func (f *failingListener) Accept() (net.Conn, error) {
+	f.mu.Lock()
+	if len(f.errs) > 0 {
+		err := f.errs[0]
+		f.errs = f.errs[1:]
+		f.mu.Unlock()
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", err)}
+	}
+	f.mu.Unlock()
+	return f.TCPListener.Accept()
+}

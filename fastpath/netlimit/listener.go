@@ -152,13 +152,20 @@ func (l *Listener) SetLog(log *slog.Logger) {
 // Accept waits for a connection within the limits. Connections over a limit
 // are closed immediately and counted, and Accept keeps waiting, so the
 // server above never sees them. Running out of file descriptors is ridden
-// out the same way (see fds.go). Other errors of the inner listener are
-// returned as they are (a server's accept loop already knows how to handle
-// them).
+// out the same way, and a lack of kernel memory is waited out (see
+// fds.go). Other errors of the inner listener are returned as they are (a
+// server's accept loop already knows how to handle them).
 func (l *Listener) Accept() (net.Conn, error) {
+	backedOff := false
 	for {
 		c, err := l.inner.Accept()
 		if err != nil {
+			if kernelShort(err) {
+				l.fds.shortOfMemory(l.now(), err)
+				l.fds.wait()
+				backedOff = true
+				continue
+			}
 			if !outOfFDs(err) {
 				return nil, err
 			}
@@ -168,8 +175,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 			}
 			continue
 		}
-		if l.fds.inEpisode.Load() {
+		if backedOff || l.fds.inEpisode.Load() {
+			// The next shortage starts its back-off from the shortest.
 			l.fds.accepted(l.now(), l.raw != nil)
+			backedOff = false
 		}
 		ip, hasIP := remoteIP(c)
 		tracked, reason := l.admit(ip, hasIP)
