@@ -321,16 +321,19 @@ const (
 	msb = 0x8080808080808080
 )
 
-// hasLess reports (as a non-zero word) whether any byte of x is below n, for
-// n <= 128. Which bits are set is not exact; whether any is, is.
-func hasLess(x uint64, n byte) uint64 { return (x - lsb*uint64(n)) & ^x & msb }
-
 // special8 flags (in the top bit of its byte) every byte of x that a string
 // scanner must look at: '"', '\\', a control byte, or a non-ASCII byte.
-// Flags above the lowest one may be wrong (a borrow runs upward), but the
-// lowest one is exact, so it locates the first such byte.
+// Flags above the lowest one may be wrong, but the lowest one is exact, so
+// it locates the first such byte.
+//
+// Each subtraction sets the top bit of a byte below 0x20, or equal to '"' or
+// '\\', and x itself that of a non-ASCII byte. No other byte gets a top bit
+// from them unless a lower byte borrowed, and a byte borrows only when it is
+// one of those, so flagged itself. (The textbook "has a byte less than n"
+// also masks with ^x, which only matters for bytes of 0x80 and above, and
+// those are flagged anyway.)
 func special8(x uint64) uint64 {
-	return x&msb | hasLess(x, 0x20) | hasLess(x^(lsb*'"'), 1) | hasLess(x^(lsb*'\\'), 1)
+	return (x | (x - lsb*0x20) | (x ^ (lsb * '"') - lsb) | (x ^ (lsb * '\\') - lsb)) & msb
 }
 
 // ScanString validates the string whose opening quote is b[i] and returns
@@ -348,48 +351,53 @@ func special8(x uint64) uint64 {
 func ScanString(b []byte, i int) (end int, escaped bool, err Error) {
 	i++ // the opening quote
 	for {
-		if i+8 <= len(b) {
-			m := special8(binary.LittleEndian.Uint64(b[i:]))
-			if m == 0 {
-				i += 8
-				continue
+		for i+8 <= len(b) {
+			if m := special8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
 			}
-			i += bits.TrailingZeros64(m) >> 3
-		} else if i >= len(b) {
-			return i, escaped, endOf(b)
+			i += 8
 		}
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1, escaped, Error{}
-		case c == '\\':
-			escaped = true
-			if i+1 >= len(b) {
-				return i, escaped, endOf(b)
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) {
+		// b[i] needs a look, or fewer than eight bytes are left. Look at
+		// the next eight one by one before testing eight at a time again,
+		// which would only stop again soon in dense text.
+		for stop := min(i+8, len(b)); i < stop; {
+			switch c := b[i]; {
+			case c == '"':
+				return i + 1, escaped, Error{}
+			case c == '\\':
+				escaped = true
+				if i+1 >= len(b) {
 					return i, escaped, endOf(b)
 				}
-				if _, ok := Hex4(b[i+2 : i+6]); !ok {
-					return i, escaped, fail(i, BadUnicodeEscape)
+				switch b[i+1] {
+				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+					i += 2
+				case 'u':
+					if i+6 > len(b) {
+						return i, escaped, endOf(b)
+					}
+					if _, ok := Hex4(b[i+2 : i+6]); !ok {
+						return i, escaped, fail(i, BadUnicodeEscape)
+					}
+					i += 6
+				default:
+					return i, escaped, fail(i, BadEscape)
 				}
-				i += 6
+			case c < 0x20:
+				return i, escaped, fail(i, ControlChar)
+			case c < utf8.RuneSelf:
+				i++
 			default:
-				return i, escaped, fail(i, BadEscape)
+				r, size := utf8.DecodeRune(b[i:])
+				if r == utf8.RuneError && size == 1 {
+					return i, escaped, fail(i, BadUTF8)
+				}
+				i += size
 			}
-		case c < 0x20:
-			return i, escaped, fail(i, ControlChar)
-		case c < utf8.RuneSelf: // only in the last seven bytes of b
-			i++
-		default:
-			r, size := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && size == 1 {
-				return i, escaped, fail(i, BadUTF8)
-			}
-			i += size
+		}
+		if i >= len(b) {
+			return i, escaped, endOf(b)
 		}
 	}
 }

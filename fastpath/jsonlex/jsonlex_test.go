@@ -1,7 +1,11 @@
 package jsonlex
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -260,5 +264,55 @@ func BenchmarkSkipValue(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		lex.SkipValue(in, 0, 1)
+	}
+}
+
+func BenchmarkScanString(b *testing.B) {
+	for _, n := range []int{16, 256, 16384} {
+		s := make([]byte, 0, n+2)
+		s = append(s, '"')
+		for len(s) < n+1 {
+			s = append(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[len(s)%64])
+		}
+		s = append(s, '"')
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				ScanString(s, 0)
+			}
+		})
+	}
+}
+
+// TestSpecial8 checks that the lowest flag special8 sets is the first byte
+// that needs a look, for words made of the bytes around every boundary.
+func TestSpecial8(t *testing.T) {
+	interesting := []byte{0x00, 0x01, 0x1f, 0x20, 0x21, '"' - 1, '"', '"' + 1, '\\' - 1, '\\', '\\' + 1, 'a', 0x7e, 0x7f, 0x80, 0x81, 0xc3, 0xdf, 0xe0, 0xfe, 0xff}
+	needs := func(c byte) bool { return c < 0x20 || c == '"' || c == '\\' || c >= 0x80 }
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n < 1_000_000; n++ {
+		var w [8]byte
+		for k := range w {
+			if r.IntN(4) == 0 {
+				w[k] = byte(r.Uint32())
+			} else {
+				w[k] = interesting[r.IntN(len(interesting))]
+			}
+		}
+		first := 8
+		for k, c := range w {
+			if needs(c) {
+				first = k
+				break
+			}
+		}
+		m := special8(binary.LittleEndian.Uint64(w[:]))
+		got := 8
+		if m != 0 {
+			got = bits.TrailingZeros64(m) >> 3
+		}
+		if got != first {
+			t.Fatalf("special8(% x): first flag at %d, want %d", w, got, first)
+		}
 	}
 }
