@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"edgerelay/fastpath/jsonlex"
 )
 
 // Span is a byte range of a line: line[Start:End].
@@ -121,16 +123,11 @@ func decodeNext(raw []byte, i int) (rune, int) {
 	}
 	switch raw[i+1] {
 	case 'u':
-		r, _ := hex4(raw[i+2 : i+6])
-		if !utf16.IsSurrogate(r) {
-			return r, i + 6
+		r, n := jsonlex.DecodeU(raw[i:])
+		if utf16.IsSurrogate(r) {
+			return loneSurrogate, i + n
 		}
-		if r < 0xdc00 && i+12 <= len(raw) && raw[i+6] == '\\' && raw[i+7] == 'u' {
-			if r2, _ := hex4(raw[i+8 : i+12]); r2 >= 0xdc00 && r2 < 0xe000 {
-				return utf16.DecodeRune(r, r2), i + 12
-			}
-		}
-		return loneSurrogate, i + 6
+		return r, i + n
 	case 'b':
 		return '\b', i + 2
 	case 'f':

@@ -81,10 +81,11 @@ func AppendString(dst []byte, s []byte) []byte {
 	return jsonstr.AppendRaw(dst, s)
 }
 
-// SWAR ("SIMD within a register") helpers, used by Parse's scanner (the
-// encoder's copies live in jsonstr): each looks at eight bytes packed
-// little-endian into a uint64. The expressions are the classic exact "does any
-// byte …" tests: they may misreport which byte matched, but never whether one did.
+// SWAR ("SIMD within a register") helpers for appendUnescaped (the encoder's
+// copies live in jsonstr, the scanner's in jsonlex): each looks at eight bytes
+// packed little-endian into a uint64. The expression is the classic exact
+// "does any byte …" test: it may misreport which byte matched, but never
+// whether one did.
 const (
 	lsb = 0x0101010101010101
 	msb = 0x8080808080808080
@@ -92,18 +93,3 @@ const (
 
 // hasZeroByte reports whether any byte of w is 0.
 func hasZeroByte(w uint64) bool { return (w-lsb)&^w&msb != 0 }
-
-// hasLess reports whether any byte of w is below n (n ≤ 0x80).
-func hasLess(w uint64, n uint64) bool { return (w-lsb*n)&^w&msb != 0 }
-
-// needsEscape8 reports whether any of the eight bytes must be escaped in a
-// JSON string: a control character, '"' or '\\'.
-func needsEscape8(w uint64) bool {
-	return hasLess(w, 0x20) || hasZeroByte(w^(lsb*'"')) || hasZeroByte(w^(lsb*'\\'))
-}
-
-// plainASCII8 reports whether all eight bytes can be skipped when validating a
-// JSON string: ASCII, not a control character, not '"' and not '\\'.
-func plainASCII8(w uint64) bool {
-	return w&msb == 0 && !needsEscape8(w)
-}

@@ -3,6 +3,8 @@ package control
 import (
 	"errors"
 	"slices"
+
+	"edgerelay/fastpath/jsonlex"
 )
 
 // Errors returned by Parse. Every one of them means a malformed control frame,
@@ -62,7 +64,7 @@ type Message struct {
 // wins, as in the reference relay's JSON.parse. "type" must be "data" or
 // "close" and "id" 32 lowercase hex characters. A data message needs a string
 // "data" of at most MaxData bytes once unescaped; a close message ignores
-// "data". Strings must be valid UTF-8 (see scanString for the fine print and
+// "data". Strings must be valid UTF-8 (see jsonlex.ScanString for the fine print and
 // appendUnescaped for lone surrogates).
 //
 // Data that contains escapes is unescaped into scratch, which Parse grows when
@@ -109,9 +111,9 @@ func Parse(frame []byte, scratch []byte) (msg Message, newScratch []byte, err er
 			if frame[i] != '"' {
 				return Message{}, scratch, syntaxError(i, "expected a string key")
 			}
-			keyEnd, keyEscaped, err := scanString(frame, i)
-			if err != nil {
-				return Message{}, scratch, err
+			keyEnd, keyEscaped, e := jsonlex.ScanString(frame, i)
+			if e.Failed() {
+				return Message{}, scratch, lexError(frame, e)
 			}
 			k := classifyKey(frame[i+1:keyEnd-1], keyEscaped)
 			if i = skipWS(frame, keyEnd); i >= len(frame) || frame[i] != ':' {
@@ -122,9 +124,9 @@ func Parse(frame []byte, scratch []byte) (msg Message, newScratch []byte, err er
 			start := i
 			if k != keyOther && i < len(frame) && frame[i] == '"' {
 				// A string value for a key we use.
-				end, escaped, err := scanString(frame, i)
-				if err != nil {
-					return Message{}, scratch, err
+				end, escaped, e := jsonlex.ScanString(frame, i)
+				if e.Failed() {
+					return Message{}, scratch, lexError(frame, e)
 				}
 				raw := frame[start+1 : end-1]
 				switch k {
