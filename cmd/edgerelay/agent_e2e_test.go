@@ -55,23 +55,13 @@ func TestAgentRelayThroughTheBinary(t *testing.T) {
 	if !strings.HasPrefix(origin, "https://") {
 		origin = "https://" + s.addrs["agent"]
 	}
-	body, _ := json.Marshal(map[string]string{"key": pairKey, "instance_name": "build-box"})
-	resp, err := client.Post(origin+"/v1/pair/redeem", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var redeemed struct {
-		InstanceToken  string `json:"instance_token"`
-		InstanceID     string `json:"instance_id"`
-		RelayPublicKey string `json:"relay_public_key"`
-	}
-	if resp.StatusCode != 200 || json.Unmarshal(raw, &redeemed) != nil || redeemed.RelayPublicKey != relayKey {
-		t.Fatalf("redeem: %d %s", resp.StatusCode, raw)
+	redeemed := redeemPairKey(t, client, origin, pairKey, "build-box")
+	if redeemed.RelayPublicKey != relayKey {
+		t.Fatalf("redeem: relay key %q, want %q", redeemed.RelayPublicKey, relayKey)
 	}
 	// The key is single use.
-	resp, err = client.Post(origin+"/v1/pair/redeem", "application/json", bytes.NewReader(body))
+	body, _ := json.Marshal(map[string]string{"key": pairKey, "instance_name": "build-box"})
+	resp, err := client.Post(origin+"/v1/pair/redeem", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,4 +128,29 @@ func TestAgentRelayThroughTheBinary(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("link still open after revoke")
 	}
+}
+
+// pairRedemption is POST /v1/pair/redeem's answer.
+type pairRedemption struct {
+	InstanceToken  string `json:"instance_token"`
+	InstanceID     string `json:"instance_id"`
+	RelayPublicKey string `json:"relay_public_key"`
+}
+
+// redeemPairKey redeems a pairing key at the agent listener (origin is
+// https://host:port) for an instance named name; anything but 200 fails t.
+func redeemPairKey(t *testing.T, client *http.Client, origin, key, name string) pairRedemption {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"key": key, "instance_name": name})
+	resp, err := client.Post(origin+"/v1/pair/redeem", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var redeemed pairRedemption
+	if resp.StatusCode != 200 || json.Unmarshal(raw, &redeemed) != nil {
+		t.Fatalf("redeem: %d %s", resp.StatusCode, raw)
+	}
+	return redeemed
 }

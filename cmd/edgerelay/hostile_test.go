@@ -786,20 +786,7 @@ func frozenSignal(t *testing.T, r *hostileRelay) {
 // connects it.
 func agentInstance(t *testing.T, r *hostileRelay, pairKey string) *hostileInstance {
 	t.Helper()
-	body, _ := json.Marshal(map[string]string{"key": pairKey, "instance_name": "frozen-box"})
-	resp, err := r.httpClient().Post(r.url("agent", "/v1/pair/redeem"), "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var redeemed struct {
-		InstanceToken string `json:"instance_token"`
-		InstanceID    string `json:"instance_id"`
-	}
-	if resp.StatusCode != 200 || json.Unmarshal(raw, &redeemed) != nil {
-		t.Fatalf("redeem: %d %s", resp.StatusCode, raw)
-	}
+	redeemed := redeemPairKey(t, r.httpClient(), r.url("agent", ""), pairKey, "frozen-box")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := agenttest.Dial(ctx, agenttest.Options{
