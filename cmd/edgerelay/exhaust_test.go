@@ -39,6 +39,14 @@ func TestExhaustFileDescriptors(t *testing.T) {
 	s := startServerNofile(t, nofile, env...)
 	started := time.Now()
 	channelAddr := s.addrs["channel"]
+	// The caps (10,000 per listener by default) allow far more than 256:
+	// serve says so at start (standard error is copied on its own, so
+	// wait for it).
+	waitUntil(t, func() bool {
+		logs := s.stderr.String()
+		return strings.Contains(logs, `"msg":"the open-files limit is below what the connection caps allow`) &&
+			strings.Contains(logs, `"open_files_limit":256`)
+	})
 
 	pair := newHostileChannel(t, s, lastLine(out))
 	phone, phoneID := pair.phone(t, nil)

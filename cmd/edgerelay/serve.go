@@ -225,6 +225,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		services = append(services, svc)
 	}
 
+	warnOpenFiles(log, services)
 	tlsOn := map[string]bool{}
 	for i := range services {
 		svc := services[i]
