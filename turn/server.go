@@ -55,6 +55,11 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Now is the clock credentials' expiry is judged by; nil is time.Now.
 	Now func() time.Time
+	// StreamIdleTimeout closes a TCP or TLS connection that has no
+	// allocation when a whole frame has not arrived within it (a frame
+	// trickled in byte by byte does not extend it); 0 takes 60 s, as
+	// coturn. HandshakeTimeout bounds a turns: TLS handshake; 0 takes 10 s.
+	StreamIdleTimeout, HandshakeTimeout time.Duration
 }
 
 // Server is a running STUN/TURN server.
@@ -96,6 +101,12 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.StreamIdleTimeout <= 0 {
+		cfg.StreamIdleTimeout = defaultStreamIdleTimeout
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = defaultHandshakeTimeout
 	}
 	cfg.MaxAllocations = orDefault(cfg.MaxAllocations, DefaultMaxAllocations)
 	cfg.MaxPerUser = orDefault(cfg.MaxPerUser, DefaultMaxPerUser)

@@ -2,7 +2,9 @@ package turn
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -117,5 +119,92 @@ func TestStreamCaps(t *testing.T) {
 	buf := make([]byte, 512)
 	if n, err := conns[0].Read(buf); err != nil || !stun.IsMessage(buf[:n]) {
 		t.Fatalf("Binding over TCP: %v", err)
+	}
+}
+
+// TestStreamSlowClientsCut: a TCP client that sends nothing, half a STUN
+// header, or a frame one byte at a time (each byte well within the idle
+// timeout) is cut once a whole frame has not come within
+// StreamIdleTimeout, while a client that talks normally is served.
+func TestStreamSlowClientsCut(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	s, _ := testServer(t, func(c *Config) { c.StreamIdleTimeout = idle })
+	binding := stun.MustBuild(stun.TransactionID, stun.BindingRequest).Raw
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	silent, half, trickle := dial(), dial(), dial()
+	if _, err := half.Write(binding[:10]); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	trickleDone := make(chan struct{})
+	go func() {
+		defer close(trickleDone)
+		for i := range binding {
+			if _, err := trickle.Write(binding[i : i+1]); err != nil {
+				return // cut, as it should be
+			}
+			time.Sleep(idle / 3) // the pace of the trickle, not a wait for a condition
+		}
+	}()
+	for name, c := range map[string]net.Conn{"silent": silent, "half a header": half, "trickle": trickle} {
+		_ = c.SetReadDeadline(time.Now().Add(10 * idle))
+		n, err := c.Read(make([]byte, 64))
+		if err == nil || n > 0 {
+			t.Fatalf("%s: read %d bytes, %v; want the connection closed", name, n, err)
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("%s: still open after %v (idle timeout %v)", name, time.Since(start), idle)
+		}
+	}
+	// The whole trickled frame would take 20 × idle/3 ≈ 2 s; it was cut
+	// within about one idle timeout of its first byte.
+	if took := time.Since(start); took > 4*idle {
+		t.Fatalf("slow clients cut only after %v (idle timeout %v)", took, idle)
+	}
+	<-trickleDone
+	// A client that sends whole frames is answered.
+	ok := dial()
+	if _, err := ok.Write(binding); err != nil {
+		t.Fatal(err)
+	}
+	_ = ok.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 512)
+	if n, err := ok.Read(buf); err != nil || !stun.IsMessage(buf[:n]) {
+		t.Fatalf("Binding over TCP beside the slow clients: %v", err)
+	}
+}
+
+// TestStreamTLSHandshakeTimeout: a turns: client that connects and never
+// sends its ClientHello is closed at HandshakeTimeout.
+func TestStreamTLSHandshakeTimeout(t *testing.T) {
+	const handshake = 300 * time.Millisecond
+	cert := selfSigned(t)
+	s, _ := testServer(t, func(c *Config) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		c.TLSListen = "127.0.0.1:0"
+		c.HandshakeTimeout = handshake
+	})
+	c, err := net.Dial("tcp", s.TLSAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * handshake))
+	n, err := c.Read(make([]byte, 64))
+	var ne net.Error
+	switch {
+	case err == nil || n > 0:
+		t.Fatalf("read %d bytes, %v; want the connection closed", n, err)
+	case errors.As(err, &ne) && ne.Timeout():
+		t.Fatalf("still open after %v (handshake timeout %v)", time.Since(start), handshake)
 	}
 }

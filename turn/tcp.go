@@ -18,11 +18,13 @@ import (
 // allocation; the caps below keep a client from holding sockets (and
 // goroutines) it has no allocation for.
 const (
-	// streamIdleTimeout closes a connection that has no allocation and
-	// has sent nothing for this long (coturn waits 60 s as well).
-	streamIdleTimeout = 60 * time.Second
-	// handshakeTimeout bounds a TLS handshake.
-	handshakeTimeout = 10 * time.Second
+	// defaultStreamIdleTimeout closes a connection that has no allocation
+	// and has not sent a whole frame for this long (coturn waits 60 s as
+	// well); Config.StreamIdleTimeout overrides it.
+	defaultStreamIdleTimeout = 60 * time.Second
+	// defaultHandshakeTimeout bounds a TLS handshake;
+	// Config.HandshakeTimeout overrides it.
+	defaultHandshakeTimeout = 10 * time.Second
 	// streamBuffer is a connection's first read buffer: room for a few
 	// full-size media frames.
 	streamBuffer = 8 << 10
@@ -92,8 +94,11 @@ type streamConn struct {
 	rest []byte // the part of a frame pion's buffer had no room for
 
 	allocated atomic.Bool // an allocation is bound to this connection
-	idleArmed bool
-	closeOnce sync.Once
+	idleArmed bool        // a read deadline is set
+	// frameTimed: the deadline set was armed for the frame now coming in;
+	// cleared each time a whole frame is handed on.
+	frameTimed bool
+	closeOnce  sync.Once
 }
 
 // Read implements net.Conn for pion's framer.
@@ -128,7 +133,7 @@ func (c *streamConn) Read(p []byte) (int, error) {
 
 func (c *streamConn) doHandshake() error {
 	tc := c.Conn.(*tls.Conn)
-	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.srv.cfg.HandshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return fmt.Errorf("turn: TLS handshake with %s: %w", c.t.client, err)
@@ -156,6 +161,7 @@ func (c *streamConn) next() ([]byte, error) {
 			}
 			if avail >= size {
 				c.r += size
+				c.frameTimed = false
 				return b[:size], nil
 			}
 			if size > len(c.buf) {
@@ -174,9 +180,11 @@ func (c *streamConn) next() ([]byte, error) {
 }
 
 // fill reads more bytes, moving a partial frame to the front of the
-// buffer first. A connection without an allocation gets an idle deadline;
-// one with an allocation lives as long as the allocation's client keeps
-// it open.
+// buffer first. A connection without an allocation gets an idle deadline,
+// armed when it starts waiting for a frame and not moved while the frame
+// comes in parts, so that a client trickling a byte at a time cannot hold
+// the connection; one with an allocation lives as long as the
+// allocation's client keeps it open.
 func (c *streamConn) fill() error {
 	if c.r > 0 {
 		c.w = copy(c.buf, c.buf[c.r:c.w])
@@ -187,9 +195,9 @@ func (c *streamConn) fill() error {
 			_ = c.Conn.SetReadDeadline(time.Time{})
 			c.idleArmed = false
 		}
-	} else {
-		_ = c.Conn.SetReadDeadline(time.Now().Add(streamIdleTimeout))
-		c.idleArmed = true
+	} else if !c.frameTimed {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(c.srv.cfg.StreamIdleTimeout))
+		c.idleArmed, c.frameTimed = true, true
 	}
 	n, err := c.Conn.Read(c.buf[c.w:])
 	c.w += n
