@@ -6,67 +6,11 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"edgerelay/fastpath/ndjson/ndjsonref"
 )
 
-// stdQuote is encoding/json's string encoding without HTML escaping, the
-// reference for AppendString.
-func stdQuote(s string) string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
-// refSplice is Splice done another way: encoding/json's Decoder finds the
-// top-level members, strings.EqualFold (the same equivalence as
-// encoding/json's key folding) picks instance and session, and the same cut
-// rule removes them.
-func refSplice(line []byte, instance, session string) string {
-	dec := json.NewDecoder(bytes.NewReader(line))
-	if _, err := dec.Token(); err != nil {
-		panic(err)
-	}
-	open := int(dec.InputOffset()) - 1
-	type member struct {
-		key        string
-		start, end int
-	}
-	var ms []member
-	for dec.More() {
-		prev := int(dec.InputOffset())
-		k, err := dec.Token()
-		if err != nil {
-			panic(err)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			panic(err)
-		}
-		ms = append(ms, member{k.(string), prev + bytes.IndexByte(line[prev:], '"'), int(dec.InputOffset())})
-	}
-	cut := func(k string) bool { return strings.EqualFold(k, "instance") || strings.EqualFold(k, "session") }
-	out := string(line[:open+1]) + `"instance":` + stdQuote(instance) + `,"session":` + stdQuote(session)
-	if len(ms) > 0 && !cut(ms[0].key) {
-		out += ","
-	}
-	pos := open + 1
-	for i, m := range ms {
-		if cut(m.key) {
-			start := m.start
-			if i > 0 {
-				start = ms[i-1].end
-			}
-			out += string(line[pos:start])
-			pos = m.end
-		}
-	}
-	return out + string(line[pos:])
-}
-
-// checkSplice splices line and checks the result against refSplice, and
+// checkSplice splices line and checks the result against ndjsonref.Splice, and
 // that it scans to the new instance and session with every other field as
 // it was.
 func checkSplice(t *testing.T, line, instance, session string) string {
@@ -76,7 +20,7 @@ func checkSplice(t *testing.T, line, instance, session string) string {
 		t.Fatalf("Scan(%q): %v", line, err)
 	}
 	got := string(Splice(nil, []byte(line), f, []byte(instance), []byte(session)))
-	if want := refSplice([]byte(line), instance, session); got != want {
+	if want := ndjsonref.Splice([]byte(line), instance, session); got != want {
 		t.Errorf("Splice(%q):\n  got  %s\n  want %s", line, got, want)
 	}
 	g, err := crossCheck(t, []byte(got))
@@ -170,7 +114,7 @@ func TestAppendString(t *testing.T) {
 	}
 	for _, s := range cases {
 		got := string(AppendString([]byte("pre"), []byte(s)))
-		if want := "pre" + stdQuote(s); got != want {
+		if want := "pre" + ndjsonref.Quote(s); got != want {
 			t.Errorf("AppendString(%q) = %s, encoding/json: %s", s, got, want)
 		}
 	}

@@ -1,6 +1,6 @@
 // Package ndjsonfuzz fuzzes the agent relay's NDJSON fast path,
 // edgerelay/fastpath/ndjson: the scanner against encoding/json (the
-// endpoints' decoder), the splicer against a slow splice built on
+// endpoints' decoder), the splicer against the slow splice of ndjsonref, built on
 // encoding/json's Decoder, and the line reader against any chunking.
 package ndjsonfuzz
 
@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"edgerelay/fastpath/ndjson"
+	"edgerelay/fastpath/ndjson/ndjsonref"
 )
 
 // seeds are lines that reach every branch of the scanner: valid frames,
@@ -191,66 +192,8 @@ func validEnvelope(e envelope) bool {
 		!(e.ID != "" && e.Re != "") && !(e.Session != "" && e.Instance == "")
 }
 
-// stdQuote is encoding/json's string encoding without HTML escaping.
-func stdQuote(s string) string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
-// slowSplice is Splice built on encoding/json's Decoder: it finds the
-// top-level members, picks those whose key equals instance or session under
-// strings.EqualFold (the equivalence encoding/json's key folding makes), and
-// removes each with the separator before it (the first member alone), then
-// inserts the new members after the brace.
-func slowSplice(line []byte, instance, session string) string {
-	dec := json.NewDecoder(bytes.NewReader(line))
-	if _, err := dec.Token(); err != nil {
-		panic(err)
-	}
-	open := int(dec.InputOffset()) - 1
-	type member struct {
-		key        string
-		start, end int
-	}
-	var ms []member
-	for dec.More() {
-		prev := int(dec.InputOffset())
-		k, err := dec.Token()
-		if err != nil {
-			panic(err)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			panic(err)
-		}
-		ms = append(ms, member{k.(string), prev + bytes.IndexByte(line[prev:], '"'), int(dec.InputOffset())})
-	}
-	cut := func(k string) bool { return strings.EqualFold(k, "instance") || strings.EqualFold(k, "session") }
-	out := string(line[:open+1]) + `"instance":` + stdQuote(instance) + `,"session":` + stdQuote(session)
-	if len(ms) > 0 && !cut(ms[0].key) {
-		out += ","
-	}
-	pos := open + 1
-	for i, m := range ms {
-		if cut(m.key) {
-			start := m.start
-			if i > 0 {
-				start = ms[i-1].end
-			}
-			out += string(line[pos:start])
-			pos = m.end
-		}
-	}
-	return out + string(line[pos:])
-}
-
 // FuzzSplice: for any line Scan accepts and any values, the spliced line is
-// byte for byte what the slow splice makes (so everything outside the
+// byte for byte what ndjsonref.Splice makes (so everything outside the
 // removed members is unchanged), is one line of valid JSON, and when the
 // values are valid for the spec it scans to them with every other field as
 // it was.
@@ -267,7 +210,7 @@ func FuzzSplice(f *testing.F) {
 		}
 		dst := make([]byte, 0, len(line)+27+6*(len(instance)+len(session)))
 		out := ndjson.Splice(dst, line, fr, instance, session)
-		if want := slowSplice(line, string(instance), string(session)); string(out) != want {
+		if want := ndjsonref.Splice(line, string(instance), string(session)); string(out) != want {
 			t.Fatalf("Splice(%q, %q, %q):\n  got  %q\n  want %q", line, instance, session, out, want)
 		}
 		if &out[0] != &dst[:1][0] {
