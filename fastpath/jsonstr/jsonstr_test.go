@@ -1,60 +1,14 @@
 package jsonstr_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"edgerelay/fastpath/jsonstr"
+	"edgerelay/fastpath/jsonstr/jsonstrref"
 )
-
-// stdQuote is encoding/json's Encoder with SetEscapeHTML(false), the
-// reference for AppendLikeEncodingJSON.
-func stdQuote(s []byte) string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(string(s)); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
-// rawQuote is a deliberately naive byte-by-byte escaper of exactly what
-// RFC 8259 requires, the reference for AppendRaw.
-func rawQuote(s []byte) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, c := range s {
-		switch c {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			if c < 0x20 {
-				fmt.Fprintf(&b, `\u%04x`, c)
-			} else {
-				b.WriteByte(c)
-			}
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
 
 // cases is every byte alone and at every offset within and across an
 // eight-byte block, plus the interesting strings.
@@ -90,7 +44,7 @@ func cases() [][]byte {
 func TestAppendLikeEncodingJSON(t *testing.T) {
 	for _, s := range cases() {
 		got := string(jsonstr.AppendLikeEncodingJSON([]byte("pre"), s))
-		if want := "pre" + stdQuote(s); got != want {
+		if want := "pre" + jsonstrref.Quote(string(s)); got != want {
 			t.Errorf("AppendLikeEncodingJSON(%q) = %s, encoding/json: %s", s, got, want)
 		}
 	}
@@ -99,7 +53,7 @@ func TestAppendLikeEncodingJSON(t *testing.T) {
 func TestAppendRaw(t *testing.T) {
 	for _, s := range cases() {
 		got := string(jsonstr.AppendRaw([]byte("pre"), s))
-		if want := "pre" + rawQuote(s); got != want {
+		if want := "pre" + jsonstrref.Naive(s); got != want {
 			t.Errorf("AppendRaw(%q) = %s, want %s", s, got, want)
 		}
 		if !utf8.Valid(s) {
@@ -107,7 +61,7 @@ func TestAppendRaw(t *testing.T) {
 		}
 		// For valid UTF-8, AppendRaw is encoding/json minus the U+2028 and
 		// U+2029 escapes, and decodes back to s.
-		want := stdQuote(s)
+		want := jsonstrref.Quote(string(s))
 		want = strings.ReplaceAll(want, `\u2028`, "\u2028")
 		want = strings.ReplaceAll(want, `\u2029`, "\u2029")
 		if got[3:] != want {
@@ -125,10 +79,10 @@ func FuzzAppend(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s []byte) {
-		if got, want := string(jsonstr.AppendLikeEncodingJSON(nil, s)), stdQuote(s); got != want {
+		if got, want := string(jsonstr.AppendLikeEncodingJSON(nil, s)), jsonstrref.Quote(string(s)); got != want {
 			t.Errorf("AppendLikeEncodingJSON(%q) = %s, encoding/json: %s", s, got, want)
 		}
-		if got, want := string(jsonstr.AppendRaw(nil, s)), rawQuote(s); got != want {
+		if got, want := string(jsonstr.AppendRaw(nil, s)), jsonstrref.Naive(s); got != want {
 			t.Errorf("AppendRaw(%q) = %s, want %s", s, got, want)
 		}
 	})

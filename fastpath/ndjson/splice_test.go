@@ -7,6 +7,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"edgerelay/fastpath/jsonstr/jsonstrref"
 	"edgerelay/fastpath/ndjson/ndjsonref"
 )
 
@@ -114,7 +115,7 @@ func TestAppendString(t *testing.T) {
 	}
 	for _, s := range cases {
 		got := string(AppendString([]byte("pre"), []byte(s)))
-		if want := "pre" + ndjsonref.Quote(s); got != want {
+		if want := "pre" + jsonstrref.Quote(s); got != want {
 			t.Errorf("AppendString(%q) = %s, encoding/json: %s", s, got, want)
 		}
 	}

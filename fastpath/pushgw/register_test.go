@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"edgerelay/fastpath/jsonstr/jsonstrref"
 )
 
 var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -47,12 +49,7 @@ func (g *gateway) register(t *testing.T, ip, body string) (registered, answer) {
 // mustJSON is s as JSON.stringify writes it: encoding/json escapes
 // <, >, &, U+2028 and U+2029, which JSON.stringify leaves alone.
 func mustJSON(s string) string {
-	var b strings.Builder
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(s)
-	out := strings.TrimSuffix(b.String(), "\n")
-	return strings.NewReplacer(`\u2028`, "\u2028", `\u2029`, "\u2029").Replace(out)
+	return strings.NewReplacer(`\u2028`, "\u2028", `\u2029`, "\u2029").Replace(jsonstrref.Quote(s))
 }
 
 func TestRegisterMintsAWorkingKey(t *testing.T) {

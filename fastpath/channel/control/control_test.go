@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"edgerelay/fastpath/channel/control"
+	"edgerelay/fastpath/jsonstr/jsonstrref"
 )
 
 const testID = "0123456789abcdef0123456789abcdef"
@@ -21,39 +22,6 @@ func mkID(s string) *control.ID {
 		panic("bad test id " + s)
 	}
 	return &id
-}
-
-// refEscape is a deliberately naive JSON string escaper, the reference for
-// AppendString.
-func refEscape(s []byte) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, c := range s {
-		switch c {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			if c < 0x20 {
-				fmt.Fprintf(&b, `\u%04x`, c)
-			} else {
-				b.WriteByte(c)
-			}
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 func TestAppendExact(t *testing.T) {
@@ -90,7 +58,7 @@ func TestAppendExact(t *testing.T) {
 func TestAppendStringBytes(t *testing.T) {
 	check := func(s []byte) {
 		t.Helper()
-		if got, want := string(control.AppendString(nil, s)), refEscape(s); got != want {
+		if got, want := string(control.AppendString(nil, s)), jsonstrref.Naive(s); got != want {
 			t.Fatalf("AppendString(%q) = %q, want %q", s, got, want)
 		}
 	}

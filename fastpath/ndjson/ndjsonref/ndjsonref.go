@@ -8,19 +8,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
-)
 
-// Quote is encoding/json's string encoding without HTML escaping, the
-// reference for ndjson.AppendString.
-func Quote(s string) string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		panic(err)
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
+	"edgerelay/fastpath/jsonstr/jsonstrref"
+)
 
 // Splice is ndjson.Splice done another way: encoding/json's Decoder finds
 // the top-level members of line (a JSON object the caller knows to be
@@ -52,7 +42,7 @@ func Splice(line []byte, instance, session string) string {
 		ms = append(ms, member{k.(string), prev + bytes.IndexByte(line[prev:], '"'), int(dec.InputOffset())})
 	}
 	cut := func(k string) bool { return strings.EqualFold(k, "instance") || strings.EqualFold(k, "session") }
-	out := string(line[:open+1]) + `"instance":` + Quote(instance) + `,"session":` + Quote(session)
+	out := string(line[:open+1]) + `"instance":` + jsonstrref.Quote(instance) + `,"session":` + jsonstrref.Quote(session)
 	if len(ms) > 0 && !cut(ms[0].key) {
 		out += ","
 	}
