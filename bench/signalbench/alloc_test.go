@@ -2,9 +2,10 @@ package signalbench
 
 import (
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
+
+	"edgerelay/fastpath/alloctest"
 )
 
 // oursPair starts our relay in this process and opens one rendezvous on
@@ -50,33 +51,11 @@ func TestSignalForwardingAllocatesNothing(t *testing.T) {
 			_ = p.primary.nc.SetDeadline(deadline)
 			_ = p.companion.nc.SetDeadline(deadline)
 			// Warm-up: the relay's read buffers and send queues grow to
-			// this size here.
-			for range 100 {
-				if err := p.roundTrip(&f, buf); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var failed error
-			avg := testing.AllocsPerRun(1000, func() {
-				if failed == nil {
-					failed = p.roundTrip(&f, buf)
-				}
-			})
-			if failed != nil {
-				t.Fatal(failed)
-			}
-			// AllocsPerRun rounds down; the exact count over the same
-			// loop says whether anything at all slipped through.
-			var before, after runtime.MemStats
-			runtime.ReadMemStats(&before)
-			for range 1000 {
-				if err := p.roundTrip(&f, buf); err != nil {
-					t.Fatal(err)
-				}
-			}
-			runtime.ReadMemStats(&after)
-			t.Logf("%v allocations per round trip (two forwarded frames); %d mallocs in 1000 more round trips",
-				avg, after.Mallocs-before.Mallocs)
+			// this size in the first 100.
+			count := alloctest.Measure(t, 100, 1000, func() error { return p.roundTrip(&f, buf) })
+			avg := count.PerRun
+			t.Logf("%v allocations per round trip (two forwarded frames); %d mallocs in %d more round trips",
+				avg, count.Mallocs, count.Runs)
 			if raceEnabled {
 				t.Skip("allocation counts are not meaningful under -race; the zero is asserted by runs without it")
 			}

@@ -8,14 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/agent/agenttest"
+	"edgerelay/fastpath/alloctest"
 )
 
 // The tests in this file prove the design's hot-path promise for the agent
@@ -251,34 +250,11 @@ func testRoutingAllocs(t *testing.T, plain bool, limit float64) {
 	}{{"client to instance", l.toInstance}, {"instance to client", l.toClient}} {
 		t.Run(dir.name, func(t *testing.T) {
 			// Warm up: queues, scanner and splice buffers, TLS record
-			// buffers grow to their steady-state sizes here.
-			for range 200 {
-				if err := dir.step(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var failed error
-			avg := testing.AllocsPerRun(1000, func() {
-				if failed == nil {
-					failed = dir.step()
-				}
-			})
-			if failed != nil {
-				t.Fatal(failed)
-			}
-			// AllocsPerRun rounds down; the exact count says whether
-			// anything at all slipped through.
-			var before, after runtime.MemStats
-			runtime.ReadMemStats(&before)
-			for range 1000 {
-				if err := dir.step(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			runtime.ReadMemStats(&after)
-			exact := float64(after.Mallocs-before.Mallocs) / 1000
-			t.Logf("%v allocations per frame; %.3f by exact count over 1000 more", avg, exact)
-			if raceEnabled() {
+			// buffers grow to their steady-state sizes in the first 200.
+			count := alloctest.Measure(t, 200, 1000, dir.step)
+			avg := count.PerRun
+			t.Logf("%v allocations per frame; %.3f by exact count over %d more", avg, count.Exact(), count.Runs)
+			if alloctest.RaceEnabled() {
 				// Under the race detector sync.Pool drops what is put
 				// back on purpose; the loop still ran under the
 				// detector, and runs without -race assert the count.
@@ -289,20 +265,6 @@ func testRoutingAllocs(t *testing.T, plain bool, limit float64) {
 			}
 		})
 	}
-}
-
-// raceEnabled reports whether the test binary was built with -race.
-func raceEnabled() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range info.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // BenchmarkRouteToClient and BenchmarkRouteToInstance measure one frame

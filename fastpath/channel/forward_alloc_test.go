@@ -10,14 +10,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/alloctest"
 	"edgerelay/fastpath/channel"
 	"edgerelay/fastpath/channel/control"
 	"edgerelay/store"
@@ -271,59 +270,20 @@ func TestForwardingAllocatesNothing(t *testing.T) {
 	l.setDeadlines(60 * time.Second)
 
 	// Warm up: pooled buffers, send queues and the parse scratch grow to
-	// their steady-state sizes here.
-	for range 200 {
-		if err := l.roundTrip(); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	var failed error
-	avg := testing.AllocsPerRun(1000, func() {
-		if failed == nil {
-			failed = l.roundTrip()
-		}
-	})
-	if failed != nil {
-		t.Fatal(failed)
-	}
-	// AllocsPerRun rounds down; the exact count over the same loop says
-	// whether anything at all slipped through.
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range 1000 {
-		if err := l.roundTrip(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	runtime.ReadMemStats(&after)
-	t.Logf("AllocsPerRun: %v per round trip; %d mallocs in 1000 more round trips",
-		avg, after.Mallocs-before.Mallocs)
-	if raceEnabled() {
+	// their steady-state sizes in the first 200.
+	count := alloctest.Measure(t, 200, 1000, l.roundTrip)
+	t.Logf("AllocsPerRun: %v per round trip; %d mallocs in %d more round trips", count.PerRun, count.Mallocs, count.Runs)
+	if alloctest.RaceEnabled() {
 		// Under the race detector sync.Pool drops a quarter of what is
 		// put back, on purpose, so the relay's pooled wrap buffers are
 		// reallocated now and then. The loop above still ran under the
 		// detector; the zero is asserted by runs without -race.
 		t.Skip("allocation count not meaningful under -race")
 	}
+	avg := count.PerRun
 	if avg != 0 {
 		t.Errorf("forwarding allocates %v times per round trip, want 0", avg)
 	}
-}
-
-// raceEnabled reports whether the test binary was built with -race, from
-// the build settings every Go binary carries.
-func raceEnabled() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range info.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // BenchmarkForwardRoundTrip measures one phone → relay → computer → relay →
