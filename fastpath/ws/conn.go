@@ -518,6 +518,12 @@ func (c *Conn) writeLoop() {
 			_, err := c.nc.Write(writing)
 			c.mu.Lock()
 			c.inFlight = 0
+			if err != nil {
+				// The socket is gone: waiters must see it closing, not a
+				// queue that merely emptied (Abort below comes after
+				// they wake).
+				c.closing = true
+			}
 			c.wakeWaitersLocked()
 			// Without pings, big buffers go back as soon as the queue
 			// is empty (with pings, at the next tick, so that bursts
