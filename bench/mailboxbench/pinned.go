@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"edgerelay/bench/abtest"
 	"edgerelay/bench/serverproc"
 )
@@ -29,6 +31,11 @@ type PinnedOptions struct {
 	// Conns is the read load's keep-alive connections, one request in
 	// flight on each. Default 8.
 	Conns int
+	// Pipeline is the depth of the pipelined read figures: each
+	// connection writes this many requests at once, then reads their
+	// answers (see readOp). Default 16, TechEmpower's depth; 1 leaves the
+	// pipelined figures out.
+	Pipeline int
 	// Mailboxes, Stored and EnvelopeSize shape the read servers' stores
 	// as in ReadOptions. Defaults 64, 100 and 1024 (EnvelopeSize is the
 	// PUTs' size too).
@@ -54,10 +61,11 @@ type PinnedOptions struct {
 	// each.
 	ProfileDir string
 	// ServerGOMAXPROCS, when positive, is the servers' GOMAXPROCS (all
-	// of them alike); otherwise the Go runtime's default, which is 1 on
-	// one pinned core. (With one P, a blocking fdatasync in Pebble's WAL
-	// holds the only P until sysmon takes it back, which starves the
-	// request handlers that would join the next group commit.)
+	// of them alike). Otherwise the processes that commit to Pebble
+	// (ours, raw Pebble, the PUT floor) run with the Ps the relay runs
+	// with, at least two (store.EnsureProcs), and the net/http baseline
+	// and the HEAD floor with the runtime's default, one on one pinned
+	// core, which is their fastest.
 	ServerGOMAXPROCS int
 	// Progress, when not nil, gets one line per measurement.
 	Progress io.Writer
@@ -72,6 +80,9 @@ func (o PinnedOptions) withDefaults() (PinnedOptions, error) {
 	}
 	if o.Conns == 0 {
 		o.Conns = 8
+	}
+	if o.Pipeline == 0 {
+		o.Pipeline = 16
 	}
 	if o.Mailboxes == 0 {
 		o.Mailboxes = 64
@@ -97,6 +108,9 @@ func (o PinnedOptions) withDefaults() (PinnedOptions, error) {
 		if w < 1 {
 			return o, fmt.Errorf("mailboxbench: %d writers", w)
 		}
+	}
+	if o.Pipeline < 1 {
+		return o, fmt.Errorf("mailboxbench: pipeline depth %d", o.Pipeline)
 	}
 	if o.ServerGOMAXPROCS < 0 {
 		return o, fmt.Errorf("mailboxbench: ServerGOMAXPROCS %d", o.ServerGOMAXPROCS)
@@ -143,9 +157,10 @@ type PinnedSide struct {
 // or PUTs with some writers against raw Pebble.
 type PinnedFigure struct {
 	// Name is "HEAD of a direction", "GET of one envelope" or "PUT synced,
-	// <n> writer(s)"; Writers is the PUT's writer count (0 for reads).
-	Name    string
-	Writers int
+	// <n> writer(s)"; Writers is the PUT's writer count (0 for reads) and
+	// Depth a read's requests in flight per connection (1, or Pipeline).
+	Name           string
+	Writers, Depth int
 	// Ours and Other (the baseline, or raw Pebble for PUT).
 	Ours, Other PinnedSide
 	// CPURatio and WallRatio are ours over the other's medians, per
@@ -172,12 +187,18 @@ type PinnedReport struct {
 	Machine string
 	Go      string
 	Figures []PinnedFigure // HEAD, GET, then PUT per writer count
-	// Floor is the floor server (floorServer) under the HEAD load: the
-	// CPU per request that no server on this machine can go below.
-	Floor    *PinnedSide
-	Profiles []PinnedProfile
-	Warnings []string
-	Elapsed  time.Duration
+	// Floors are the floor server (floorServer) under the HEAD loads,
+	// by depth (1 and Pipeline): the CPU per request that no server on
+	// this machine can go below.
+	Floors map[int]PinnedSide
+	// PutFloors are the PUT floor server (floorServer with a store)
+	// against raw Pebble, by writer count, alternated like the PUT
+	// figures: the share of raw Pebble's rate that an HTTP server doing
+	// nothing but the exchange and the commit keeps.
+	PutFloors map[int]PinnedFigure
+	Profiles  []PinnedProfile
+	Warnings  []string
+	Elapsed   time.Duration
 }
 
 // BuildMailboxserve builds cmd/mailboxserve into dir and returns its path.
@@ -261,13 +282,11 @@ func ComparePinned(ctx context.Context, o PinnedOptions) (rep PinnedReport, err 
 	if rerr != nil {
 		return rep, rerr
 	}
-	floor, ferr := b.floor(ctx)
-	if ferr != nil {
-		return rep, ferr
+	if rep.Floors, err = b.floors(ctx); err != nil {
+		return rep, err
 	}
-	rep.Floor = &floor
-	puts, perr := b.puts(ctx)
-	rep.Figures = append(rep.Figures, puts...)
+	puts, putFloors, perr := b.puts(ctx)
+	rep.Figures, rep.PutFloors = append(rep.Figures, puts...), putFloors
 	if perr != nil {
 		return rep, perr
 	}
@@ -345,40 +364,43 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 			conns[side] = append(conns[side], c)
 		}
 	}
-	work := func(side, kind int) func() (uint64, time.Duration, error) {
+	work := func(side int, l readLoad) func() (uint64, time.Duration, error) {
 		return func() (uint64, time.Duration, error) {
-			return countedLoad(ctx, o.RoundTime, o.Conns, func(w int) func() error {
-				return readOp(conns[side][w], relays[side].addr, kind, w, ro)
+			return pipelinedLoad(ctx, o.RoundTime, o.Conns, l.depth, func(w int) func() error {
+				return readOp(conns[side][w], relays[side].addr, l.kind, w, l.depth, ro)
 			})
 		}
 	}
-	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([2]PinnedRun, error) {
-		var rs [2]PinnedRun
-		for kind := range rs {
-			r, err := measure(ctx, procs[side], work(side, kind))
+	loads := b.readLoads()
+	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([]PinnedRun, error) {
+		rs := make([]PinnedRun, len(loads))
+		for i, l := range loads {
+			r, err := measure(ctx, procs[side], work(side, l))
 			if err != nil {
-				return rs, fmt.Errorf("mailboxbench: pinned %s, round %d, %s: %w", kindNames[kind], round, relays[side].name, err)
+				return rs, fmt.Errorf("mailboxbench: pinned %s, round %d, %s: %w", l.name(), round, relays[side].name, err)
 			}
-			pinnedProgress(o.Progress, round, fmt.Sprintf("%-19s %-10s", kindNames[kind], relays[side].name), r, "requests")
-			rs[kind] = r
+			pinnedProgress(o.Progress, round, fmt.Sprintf("%-30s %-10s", l.name(), relays[side].name), r, "requests")
+			rs[i] = r
 		}
 		return rs, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	for kind := range 2 {
+	for i, l := range loads {
 		var ours, other []PinnedRun
-		for i := range runs[0] {
-			ours = append(ours, runs[0][i][kind])
-			other = append(other, runs[1][i][kind])
+		for r := range runs[0] {
+			ours = append(ours, runs[0][r][i])
+			other = append(other, runs[1][r][i])
 		}
-		figs = append(figs, newPinnedFigure(kindNames[kind], 0, summarizePinned("ours", ours), summarizePinned("baseline", other)))
+		f := newPinnedFigure(kindNames[l.kind], 0, summarizePinned("ours", ours), summarizePinned("baseline", other))
+		f.Depth = l.depth
+		figs = append(figs, f)
 	}
 	if o.ProfileDir != "" {
-		for kind, slug := range [2]string{"head", "get"} {
+		for _, l := range loads {
 			for side, p := range procs {
-				if err := b.profile(ctx, p, slug+"-"+relays[side].name, work(side, kind)); err != nil {
+				if err := b.profile(ctx, p, l.slug()+"-"+relays[side].name, work(side, l)); err != nil {
 					return figs, err
 				}
 			}
@@ -387,15 +409,53 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 	return figs, nil
 }
 
+// readLoad is one kind of read load: HEAD or GET, depth requests in
+// flight per connection.
+type readLoad struct{ kind, depth int }
+
+// readLoads are the read figures in report order: HEAD and GET one
+// request at a time, then pipelined.
+func (b *pinnedBench) readLoads() []readLoad {
+	loads := []readLoad{{kindHead, 1}, {kindGet, 1}}
+	if b.o.Pipeline > 1 {
+		loads = append(loads, readLoad{kindHead, b.o.Pipeline}, readLoad{kindGet, b.o.Pipeline})
+	}
+	return loads
+}
+
+func (l readLoad) name() string {
+	if l.depth == 1 {
+		return kindNames[l.kind]
+	}
+	return fmt.Sprintf("%s, %d pipelined", kindNames[l.kind], l.depth)
+}
+
+// slug names the load in profile files: "head", "get-p16", …
+func (l readLoad) slug() string {
+	s := [2]string{"head", "get"}[l.kind]
+	if l.depth > 1 {
+		s += fmt.Sprintf("-p%d", l.depth)
+	}
+	return s
+}
+
+// pipelinedLoad is countedLoad of ops that each make depth requests: it
+// counts requests.
+func pipelinedLoad(ctx context.Context, d time.Duration, workers, depth int, newOp func(w int) func() error) (uint64, time.Duration, error) {
+	n, elapsed, err := countedLoad(ctx, d, workers, newOp)
+	return n * uint64(depth), elapsed, err
+}
+
 // puts runs the PUT figures: our relay over a store with max(Writers)
 // mailboxes claimed, and a raw Pebble process beside it, both pinned to
-// the server core in turn (one is idle while the other runs).
-func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error) {
+// the server core in turn (one is idle while the other runs); then the
+// PUT floor against raw Pebble alike.
+func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, floors map[int]PinnedFigure, err error) {
 	o := b.o
 	maxWriters := slices.Max(o.Writers)
-	var ours, raw *serverproc.Proc
+	var ours, raw, floor *serverproc.Proc
 	defer func() {
-		for _, p := range []*serverproc.Proc{ours, raw} {
+		for _, p := range []*serverproc.Proc{ours, raw, floor} {
 			if p != nil {
 				err = errors.Join(err, p.Stop())
 			}
@@ -403,19 +463,26 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error)
 	}()
 	if ours, err = b.start(ctx, "ours", filepath.Join(b.dataDir, "put-ours"),
 		"-mailboxes", strconv.Itoa(maxWriters), "-size", strconv.Itoa(o.EnvelopeSize)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if raw, err = b.start(ctx, "pebble", filepath.Join(b.dataDir, "put-pebble"),
 		"-size", strconv.Itoa(o.EnvelopeSize)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	client := newClient(ours.Ready, maxWriters)
-	defer client.CloseIdleConnections()
+	if floor, err = b.start(ctx, "floorput", filepath.Join(b.dataDir, "put-floor")); err != nil {
+		return nil, nil, err
+	}
+	clients := map[*serverproc.Proc]*fasthttp.HostClient{ours: newClient(ours.Ready, maxWriters), floor: newClient(floor.Ready, maxWriters)}
+	defer func() {
+		for _, c := range clients {
+			c.CloseIdleConnections()
+		}
+	}()
 	next := make([]uint64, maxWriters) // each writer's last sequence, rising across rounds
-	oursWork := func(writers int) func() (uint64, time.Duration, error) {
+	httpWork := func(p *serverproc.Proc, writers int) func() (uint64, time.Duration, error) {
 		return func() (uint64, time.Duration, error) {
 			return countedLoad(ctx, o.RoundTime, writers, func(w int) func() error {
-				return putOp(client, w, &next[w], o.EnvelopeSize)
+				return putOp(clients[p], w, &next[w], o.EnvelopeSize)
 			})
 		}
 	}
@@ -432,10 +499,11 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error)
 			return n, time.Duration(ns), nil
 		}
 	}
-	procs := [2]*serverproc.Proc{ours, raw}
-	names := [2]string{"ours", "raw pebble"}
-	for _, writers := range o.Writers {
-		works := [2]func() (uint64, time.Duration, error){oursWork(writers), rawWork(writers)}
+	// compare alternates an HTTP server p against raw Pebble.
+	compare := func(p *serverproc.Proc, name string, writers int) (PinnedFigure, error) {
+		procs := [2]*serverproc.Proc{p, raw}
+		names := [2]string{name, "raw pebble"}
+		works := [2]func() (uint64, time.Duration, error){httpWork(p, writers), rawWork(writers)}
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (PinnedRun, error) {
 			r, err := measure(ctx, procs[side], works[side])
 			if err != nil {
@@ -445,21 +513,33 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, err error)
 			return r, nil
 		})
 		if err != nil {
-			return figs, err
+			return PinnedFigure{}, err
 		}
-		figs = append(figs, newPinnedFigure(putName(writers), writers, summarizePinned(names[0], runs[0]), summarizePinned(names[1], runs[1])))
-	}
-	if o.ProfileDir != "" {
-		for _, writers := range o.Writers {
-			works := [2]func() (uint64, time.Duration, error){oursWork(writers), rawWork(writers)}
+		f := newPinnedFigure(putName(writers), writers, summarizePinned(names[0], runs[0]), summarizePinned(names[1], runs[1]))
+		if o.ProfileDir != "" {
 			for side, p := range procs {
+				if side == 1 && name != "ours" {
+					break // raw Pebble's profile is taken beside ours
+				}
 				if err := b.profile(ctx, p, fmt.Sprintf("put-%d-%s", writers, strings.ReplaceAll(names[side], " ", "-")), works[side]); err != nil {
-					return figs, err
+					return f, err
 				}
 			}
 		}
+		return f, nil
 	}
-	return figs, nil
+	floors = map[int]PinnedFigure{}
+	for _, writers := range o.Writers {
+		f, err := compare(ours, "ours", writers)
+		if err != nil {
+			return figs, floors, err
+		}
+		figs = append(figs, f)
+		if floors[writers], err = compare(floor, "floor", writers); err != nil {
+			return figs, floors, err
+		}
+	}
+	return figs, floors, nil
 }
 
 func putName(writers int) string {

@@ -25,6 +25,7 @@ func TestComparePinnedSmoke(t *testing.T) {
 		Rounds:     2,
 		RoundTime:  100 * time.Millisecond,
 		Conns:      2,
+		Pipeline:   3,
 		Mailboxes:  4,
 		Stored:     3,
 		Writers:    []int{4}, // one PUT figure: one writer takes the same path
@@ -60,13 +61,18 @@ func TestComparePinnedSmoke(t *testing.T) {
 			t.Errorf("%s: wall ratio %v", f.Name, f.WallRatio)
 		}
 	}
-	want := "HEAD of a direction|GET of one envelope|PUT synced, 4 writers"
+	want := "HEAD of a direction|GET of one envelope|HEAD of a direction|GET of one envelope|PUT synced, 4 writers"
 	if got := strings.Join(names, "|"); got != want {
 		t.Errorf("figures %s, want %s", got, want)
 	}
-	// Both sides of each of the three figures.
-	if len(rep.Profiles) != 6 {
-		t.Errorf("%d profiles, want 6 (warnings %q)", len(rep.Profiles), rep.Warnings)
+	for i, depth := range []int{1, 1, 3, 3} {
+		if rep.Figures[i].Depth != depth {
+			t.Errorf("figure %d (%s): depth %d, want %d", i, rep.Figures[i].Name, rep.Figures[i].Depth, depth)
+		}
+	}
+	// Both sides of each of the five figures, and the PUT floor's.
+	if len(rep.Profiles) != 11 {
+		t.Errorf("%d profiles, want 11 (warnings %q)", len(rep.Profiles), rep.Warnings)
 	}
 	for _, p := range rep.Profiles {
 		if fi, err := os.Stat(p.File); err != nil || fi.Size() == 0 || filepath.Dir(p.File) != profiles {
@@ -76,16 +82,28 @@ func TestComparePinnedSmoke(t *testing.T) {
 			t.Errorf("profile %s: top %q", p.Figure, p.Top)
 		}
 	}
-	if rep.Floor == nil || len(rep.Floor.Runs) != 1 || rep.Floor.PerSec <= 0 {
-		t.Errorf("HTTP floor: %+v", rep.Floor)
+	for _, depth := range []int{1, 3} {
+		if f, ok := rep.Floors[depth]; !ok || len(f.Runs) != 1 || f.PerSec <= 0 {
+			t.Errorf("HTTP floor, %d in flight: %+v", depth, f)
+		}
+	}
+	if f, ok := rep.PutFloors[4]; !ok || len(f.Ours.Runs) != 1 || f.Ours.PerSec <= 0 || f.Other.PerSec <= 0 {
+		t.Errorf("PUT floor, 4 writers: %+v", f)
 	}
 	md := rep.Markdown()
-	// Two rows per figure and the HTTP floor's after the HEAD rows.
-	if rows := strings.Count(md, "\n"); rows != 7 {
-		t.Errorf("%d rows, want 7:\n%s", rows, md)
-	}
-	if lines := strings.Split(md, "\n"); !strings.HasPrefix(lines[2], "| HTTP floor for the HEAD rows") {
-		t.Errorf("third row is not the HTTP floor's: %.80s", lines[2])
+	// Two rows per figure, and a floor's after each HEAD and PUT figure.
+	lines := strings.Split(md, "\n")
+	if len(lines) != 14 {
+		t.Errorf("%d rows, want 13:\n%s", len(lines)-1, md)
+	} else {
+		for _, i := range []int{2, 7, 12} {
+			if !strings.HasPrefix(lines[i], "| HTTP floor for the ") {
+				t.Errorf("row %d is not a floor's: %.80s", i+1, lines[i])
+			}
+		}
+		if !strings.Contains(lines[5], "3 requests pipelined") {
+			t.Errorf("row 6 is not the pipelined HEAD's: %.200s", lines[5])
+		}
 	}
 	for line := range strings.Lines(md) {
 		if strings.Count(line, " | ") != 4 || !strings.HasPrefix(line, "| ") {

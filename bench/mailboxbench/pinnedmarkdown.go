@@ -6,6 +6,7 @@ import (
 
 	"edgerelay/bench/abtest"
 	"edgerelay/bench/benchfmt"
+	"edgerelay/store"
 )
 
 // The goals DESIGN.md sets for these figures (as bench/cmd/benchreport
@@ -38,6 +39,8 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 	}
 	if o.ServerGOMAXPROCS > 0 {
 		where += fmt.Sprintf(", servers run with GOMAXPROCS=%d", o.ServerGOMAXPROCS)
+	} else {
+		where += fmt.Sprintf(", ours and the Pebble writers with GOMAXPROCS=%d as the relay runs, net/http with Go's default of 1", store.MinProcs)
 	}
 	median := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.RoundTime)
 	for _, f := range r.Figures {
@@ -46,8 +49,12 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 		cpuRatio := benchfmt.RoundRatio(f.CPURoundRatio, ratios(cpu), f.CPURatio)
 		wallRatio := benchfmt.RoundRatio(f.WallRoundRatio, ratios(wall), f.WallRatio)
 		if f.Writers == 0 {
-			what := fmt.Sprintf("mailbox %s over loopback (%s; %d connections, one request in flight each; "+
-				"baseline: net/http over its own store seeded alike; %s)", f.Name, where, o.Conns, median)
+			inFlight := "one request in flight each"
+			if f.Depth > 1 {
+				inFlight = fmt.Sprintf("%d requests pipelined on each (written at once, then their answers read)", f.Depth)
+			}
+			what := fmt.Sprintf("mailbox %s over loopback (%s; %d connections, %s; "+
+				"baseline: net/http over its own store seeded alike; %s)", f.Name, where, o.Conns, inFlight, median)
 			rows = append(rows,
 				benchfmt.Row{
 					Figure: what + ": requests per server CPU-second",
@@ -61,8 +68,8 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 					Ratio: wallRatio,
 					Goal:  "— (throughput of one load core; the goal is per server core)",
 				})
-			if f.Name == kindNames[kindHead] && r.Floor != nil {
-				rows = append(rows, floorRow(*r.Floor, f.Other, where, median))
+			if floor, ok := r.Floors[f.Depth]; ok && f.Name == kindNames[kindHead] {
+				rows = append(rows, floorRow(floor, f.Other, f.Depth, where, median))
 			}
 			continue
 		}
@@ -88,18 +95,45 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 				Ratio: percent(f.CPURoundRatio, cpuRatio),
 				Goal:  "— (CPU cost per write; the goal is on throughput)",
 			})
+		if floor, ok := r.PutFloors[f.Writers]; ok {
+			rows = append(rows, putFloorRow(floor, f, goal, where, median))
+		}
 	}
 	return rows
+}
+
+// putFloorRow sets the PUT floor server beside raw Pebble (measured
+// alternately with it, like ours): the share of raw Pebble's rate that an
+// HTTP server doing nothing but the exchange and the synced commit keeps,
+// which bounds the PUT goal; and ours as a share of it.
+func putFloorRow(floor, ours PinnedFigure, goal float64, where, median string) benchfmt.Row {
+	wall := [2][]float64{runValues(floor.Ours, PinnedRun.PerSec), runValues(floor.Other, PinnedRun.PerSec)}
+	return benchfmt.Row{
+		Figure: fmt.Sprintf("HTTP floor for the PUT rows above, %s (%s; %s): a Go server that reads each request's header "+
+			"and body, commits the body as the raw Pebble baseline does (one Set, pebble.Sync) and writes a canned 201, "+
+			"under the same load, alternated with raw Pebble like ours: writes per wall second; the ratio is what an HTTP "+
+			"server doing nothing but the exchange and the commit keeps of raw Pebble's rate",
+			strings.TrimPrefix(floor.Name, "PUT synced, "), where, median),
+		Ours:     benchfmt.Rate(floor.Ours.PerSec, wall[0]),
+		Baseline: benchfmt.Rate(floor.Other.PerSec, wall[1]),
+		Ratio: percent(floor.WallRoundRatio, benchfmt.RoundRatio(floor.WallRoundRatio, ratios(wall), floor.WallRatio)) +
+			fmt.Sprintf("; ours keeps %.0f%% of the floor's share", 100*ours.WallRoundRatio/floor.WallRoundRatio),
+		Goal: fmt.Sprintf("— (the ceiling of the ≥ %.0f%% goal on this machine)", 100*goal),
+	}
 }
 
 // floorRow sets the floor server beside the baseline's HEAD: the ratio is
 // the most any server, doing no work at all, could reach over net/http on
 // this machine's loopback, so it bounds the ≥ 5× goal.
-func floorRow(floor, baseline PinnedSide, where, median string) benchfmt.Row {
+func floorRow(floor, baseline PinnedSide, depth int, where, median string) benchfmt.Row {
+	load := "one read and one write per request"
+	if depth > 1 {
+		load = fmt.Sprintf("one read and one write per %d pipelined requests", depth)
+	}
 	return benchfmt.Row{
-		Figure: fmt.Sprintf("HTTP floor for the HEAD rows (%s; %s): a Go server that only finds the blank line ending each request "+
-			"and writes a canned answer of the same size, one read and one write per request, under the same load: "+
-			"requests per server CPU-second; the ratio is what a server doing no work at all reaches over the net/http baseline", where, median),
+		Figure: fmt.Sprintf("HTTP floor for the HEAD rows above (%s; %s): a Go server that only finds the blank line ending each request "+
+			"and writes a canned answer of the same size, %s, under the same load: "+
+			"requests per server CPU-second; the ratio is what a server doing no work at all reaches over the net/http baseline", where, median, load),
 		Ours:     perCPUCell(floor, runValues(floor, PinnedRun.PerCPUSec), "req"),
 		Baseline: perCPUCell(baseline, runValues(baseline, PinnedRun.PerCPUSec), "req"),
 		Ratio:    times(floor.PerCPUSec / baseline.PerCPUSec),

@@ -21,8 +21,10 @@ type ServeOptions struct {
 	// Relay is "ours" (fastpath/mailbox through fastpath/server, as the
 	// binary serves it), "baseline" (bench/baseline/mailbox on net/http)
 	// "floor" (the least an HTTP/1.1 server can do per request, see
-	// floorServer) or "pebble" (no server: raw Pebble synced commits on
-	// command, the PUT comparison's ceiling).
+	// floorServer), "floorput" (the same plus raw Pebble's synced commit
+	// of each request's body: the least an HTTP server can do per synced
+	// write) or "pebble" (no server: raw Pebble synced commits on command,
+	// the PUT comparison's ceiling).
 	Relay string
 	// Dir is the data directory; it must not hold another process's store.
 	Dir string
@@ -63,6 +65,15 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 	}
 	addr := "-"
 	commands := serverproc.Commands{}
+	// The processes that commit to Pebble run with the Ps the relay runs
+	// with (store.EnsureProcs, as serve does): at least two, unless the
+	// benchmark sets GOMAXPROCS. The net/http baseline and the HEAD floor
+	// keep Go's default, one P on one pinned core, their best (measured:
+	// net/http 13 µs CPU per HEAD with one P, 17 µs with two).
+	switch c.Relay {
+	case "ours", "floorput", "pebble":
+		store.EnsureProcs()
+	}
 	switch c.Relay {
 	case "ours", "baseline":
 		db, err := store.Open(c.Dir, nil)
@@ -86,11 +97,19 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		}
 		defer func() { err = errors.Join(err, r.close()) }()
 		addr = r.addr
-	case "floor":
-		f, err := startFloor(c.Listen)
+	case "floor", "floorput":
+		var raw *pebble.DB
+		if c.Relay == "floorput" {
+			if raw, err = pebble.Open(filepath.Join(c.Dir, "raw"), &pebble.Options{Logger: quietPebble{}}); err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, raw.Close()) }()
+		}
+		f, err := startFloor(c.Listen, raw)
 		if err != nil {
 			return err
 		}
+		// The floor stops (every commit done) before Pebble closes.
 		defer func() { err = errors.Join(err, f.close()) }()
 		addr = f.addr()
 	case "pebble":
@@ -101,7 +120,7 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		defer func() { err = errors.Join(err, raw.Close()) }()
 		commands["put"] = putCommand(rawWriters(raw, c.EnvelopeSize))
 	default:
-		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline, floor or pebble", c.Relay)
+		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline, floor, floorput or pebble", c.Relay)
 	}
 	return serverproc.Serve(serverproc.ServeOptions{Ready: addr, MaxLife: c.MaxLife, Commands: commands, CPUProfile: c.CPUProfile}, in, out)
 }

@@ -234,12 +234,23 @@ func putOp(client *fasthttp.HostClient, w int, next *uint64, size int) func() er
 // is what our envelope key would be in mailbox w (same length), the value
 // an envelope of the same size.
 func rawOp(db *pebble.DB, w int, next *uint64, size int) func() error {
-	name := mailboxName(w)
-	var key, env []byte
+	commit := rawCommit(db, w, next)
+	var env []byte
 	return func() error {
+		env = envelope(env, *next+1, size)
+		return commit(env)
+	}
+}
+
+// rawCommit commits env as writer w's next envelope: one Set in a batch
+// applied with pebble.Sync, the key our envelope key would be in mailbox
+// w.
+func rawCommit(db *pebble.DB, w int, next *uint64) func(env []byte) error {
+	name := mailboxName(w)
+	var key []byte
+	return func(env []byte) error {
 		*next++
 		key = store.EnvelopeKey(key[:0], name, store.DirP2C, *next)
-		env = envelope(env, *next, size)
 		b := db.NewBatch()
 		if err := b.Set(key, env, nil); err != nil {
 			_ = b.Close()

@@ -47,13 +47,26 @@ var (
 )
 
 // do sends req and reads its response: the status and, unless head, the
-// body (valid until the next call). A response without Content-Length
-// has an empty body; a chunked one is refused (neither relay sends one
-// for these requests).
+// body (valid until the next call).
 func (c *rawClient) do(req []byte, head bool) (int, []byte, error) {
 	if _, err := c.conn.Write(req); err != nil {
 		return 0, nil, err
 	}
+	return c.response(head)
+}
+
+// send writes requests (one or several, pipelined) in one write; their
+// responses are read with response, one call each, in order.
+func (c *rawClient) send(reqs []byte) error {
+	_, err := c.conn.Write(reqs)
+	return err
+}
+
+// response reads the next response: the status and, unless head, the
+// body (valid until the next call). A response without Content-Length
+// has an empty body; a chunked one is refused (neither relay sends one
+// for these requests).
+func (c *rawClient) response(head bool) (int, []byte, error) {
 	line, err := c.br.ReadSlice('\n')
 	if err != nil {
 		return 0, nil, err

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,17 +61,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	// Pebble's WAL fsync is a blocking system call: with a single P no
-	// request is parsed while it runs, and writers miss the next group
-	// commit (measured on one pinned core: 1.5-10.7k vs 11-27k synced
-	// writes/s). Two Ps keep requests flowing on a one-core machine.
-	if runtime.GOMAXPROCS(0) < 2 {
-		runtime.GOMAXPROCS(2)
-	}
+	// Two Ps at least, so that a synced commit does not stall every
+	// request on a one-core machine (see store.MinProcs).
+	procs, _ := store.EnsureProcs()
 	if unknown := values.UnknownEnv(); len(unknown) > 0 {
 		log.Warn("unknown RELAY_* environment variables ignored", "names", unknown)
 	}
-	log.Info("starting", "version", version(), "settings", values)
+	log.Info("starting", "version", version(), "gomaxprocs", procs, "settings", values)
 
 	r, err := startRelay(cfg, log, stdout)
 	if err != nil {

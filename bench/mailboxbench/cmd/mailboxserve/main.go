@@ -4,12 +4,15 @@
 // its load generator runs on another, so that the server's CPU time,
 // read from /proc, is the server's alone.
 //
-//	mailboxserve -relay ours|baseline|pebble -dir DIR [-listen 127.0.0.1:0]
+//	mailboxserve -relay ours|baseline|floor|floorput|pebble -dir DIR [-listen 127.0.0.1:0]
 //	             [-mailboxes N -stored N -size BYTES] [-cpuprofile FILE] [-max-life 30m]
 //
 // ours is fastpath/mailbox served by fastpath/server as the binary serves
-// it; baseline is bench/baseline/mailbox on net/http; pebble serves
-// nothing and commits raw synced batches on command, the PUT ceiling.
+// it; baseline is bench/baseline/mailbox on net/http; floor answers
+// every request with canned bytes and floorput commits each request's
+// body to raw Pebble first (the least any HTTP server can do per request
+// and per synced write); pebble serves nothing and commits raw synced
+// batches on command, the PUT ceiling.
 // Both relays run on a clock that moves a second per reading, so the
 // per-mailbox rate limits never refuse a benchmark. It writes "ready
 // <addr>" once listening, then answers commands on standard input (see
@@ -28,7 +31,7 @@ import (
 
 func main() {
 	var c mailboxbench.ServeOptions
-	flag.StringVar(&c.Relay, "relay", "ours", "what to serve: ours, baseline or pebble")
+	flag.StringVar(&c.Relay, "relay", "ours", "what to serve: ours, baseline, floor, floorput or pebble")
 	flag.StringVar(&c.Dir, "dir", "", "data directory (required; not shared with another process)")
 	flag.StringVar(&c.Listen, "listen", "127.0.0.1:0", "listen address")
 	flag.IntVar(&c.Mailboxes, "mailboxes", 0, "mailboxes to claim at start-up")

@@ -27,6 +27,7 @@ func main() {
 	flag.IntVar(&o.Rounds, "rounds", 6, "rounds per figure, the first a warm-up")
 	flag.DurationVar(&o.RoundTime, "round", 2*time.Second, "time of one side's run in one round")
 	flag.IntVar(&o.Conns, "conns", 8, "read connections, one request in flight each")
+	flag.IntVar(&o.Pipeline, "pipeline", 16, "requests pipelined per connection in the pipelined read figures (1: leave them out)")
 	flag.IntVar(&o.Mailboxes, "mailboxes", 64, "mailboxes the reads spread over")
 	flag.IntVar(&o.Stored, "stored", 100, "envelopes stored per mailbox for the reads")
 	flag.IntVar(&o.EnvelopeSize, "size", 1024, "envelope size in bytes")
@@ -34,7 +35,7 @@ func main() {
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
 	flag.StringVar(&o.DataDir, "data-dir", "", "where the stores go (default: a temporary directory)")
 	flag.StringVar(&o.ProfileDir, "profile-dir", "", "keep a CPU profile of each server per figure here (default: none)")
-	flag.IntVar(&o.ServerGOMAXPROCS, "server-gomaxprocs", 0, "GOMAXPROCS of the server processes (default: the runtime's, 1 on one pinned core)")
+	flag.IntVar(&o.ServerGOMAXPROCS, "server-gomaxprocs", 0, "GOMAXPROCS of every server process (default: 2 for ours and the Pebble writers, as the relay runs; the runtime's, 1 on one pinned core, for net/http and the HEAD floor)")
 	flag.Parse()
 	for _, w := range strings.Split(*writers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
