@@ -7,18 +7,13 @@ import (
 	"io"
 
 	"edgerelay/bench/mailboxbench"
+	"edgerelay/store"
 )
 
 // mailboxWriters are the PUT comparison's writer counts: one writer, and
 // many each on a mailbox of its own.
 var mailboxWriters = []int{1, 64}
 
-// mailboxGOMAXPROCS is the mailbox servers' GOMAXPROCS on their one
-// pinned core, as the binary's: serve keeps at least two Ps so that a
-// blocking fdatasync of Pebble's WAL does not hold the only one while
-// requests that would join the next group commit wait. The baseline and
-// raw Pebble get the same.
-const mailboxGOMAXPROCS = 2
 
 // mailboxResults are the mailbox comparisons' reports, each with the error
 // that stopped it (its rows then say so).
@@ -42,7 +37,7 @@ func runMailbox(ctx context.Context, s settings, bins servers, progress io.Write
 		s.rounds, s.mailboxRound)
 	m.pinned, m.pinErr = mailboxbench.ComparePinned(ctx, mailboxbench.PinnedOptions{
 		Rounds: s.rounds, RoundTime: s.mailboxRound, Writers: mailboxWriters,
-		ServerGOMAXPROCS: mailboxGOMAXPROCS, Binary: bins.path("mailboxserve"), Progress: progress,
+		Binary: bins.path("mailboxserve"), Progress: progress,
 	})
 	if m.pinErr != nil {
 		fmt.Fprintf(progress, "comparison failed: %v\n", m.pinErr)
@@ -61,11 +56,12 @@ func runMailbox(ctx context.Context, s settings, bins servers, progress io.Write
 
 func mailboxInfo(s settings, m mailboxResults) string {
 	o := m.pinned.Options
-	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v, alternated; HEAD and GET over %d connections; "+
-		"PUTs of %d B envelopes by %d and %d writers against raw Pebble; servers with GOMAXPROCS=%d; %s; "+
-		"%s idle watch sockets per server",
-		s.rounds, s.mailboxRound, o.Conns, o.EnvelopeSize, mailboxWriters[0], mailboxWriters[1],
-		mailboxGOMAXPROCS, pinnedText(m.pinned.Pinned, o.ServerCPU, o.LoadCPU, "server", m.pinned.Warnings), thousands(float64(s.watchSockets)))
+	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v, alternated; HEAD and GET over %d connections, one request at a time and %d pipelined; "+
+		"PUTs of %d B envelopes by %d and %d writers against raw Pebble and an HTTP floor; "+
+		"ours and the Pebble writers with GOMAXPROCS=%d as serve runs (store.EnsureProcs), the net/http baseline and the HEAD floor "+
+		"with Go's default, 1 on their core (their fastest); %s; %s idle watch sockets per server",
+		s.rounds, s.mailboxRound, o.Conns, o.Pipeline, o.EnvelopeSize, mailboxWriters[0], mailboxWriters[1],
+		store.MinProcs, pinnedText(m.pinned.Pinned, o.ServerCPU, o.LoadCPU, "server", m.pinned.Warnings), thousands(float64(s.watchSockets)))
 }
 
 // mailboxRows are the mailbox figures: the pinned comparison's (HEAD and

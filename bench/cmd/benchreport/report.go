@@ -323,7 +323,11 @@ func render(info runInfo, rows []row, raw string) string {
 		"done by the CPU time of the server's own process, pinned to a core apart from the load generator's. " +
 		"Ours and the baseline ran on this machine in this run. The mailbox HEAD, GET and PUT figures come from " +
 		"the pinned out-of-process comparison (mailboxbench.ComparePinned), which replaces the earlier " +
-		"in-process loopback rows: those shared two cores between server and load generator.\n\n")
+		"in-process loopback rows: those shared two cores between server and load generator. Its \"HTTP floor\" rows " +
+		"measure servers that do nothing but the HTTP exchange (and, for PUT, raw Pebble's synced commit) under the " +
+		"same load: what no HTTP server can beat on this machine, so a goal above a floor's ratio cannot be met here. " +
+		"Its pipelined rows write 16 requests per connection at once, as TechEmpower's plaintext test does, so that " +
+		"the kernel's cost of a round trip is shared and each server's own cost per request shows.\n\n")
 	b.WriteString("| figure | ours | baseline | ratio | goal |\n|---|---|---|---|---|\n")
 	for _, r := range rows {
 		b.WriteString(r.Markdown() + "\n")
