@@ -3,6 +3,7 @@ package store
 import (
 	"os"
 	"runtime"
+	"strconv"
 )
 
 // MinProcs is the fewest Ps (GOMAXPROCS) a process that commits to the
@@ -20,15 +21,16 @@ import (
 const MinProcs = 2
 
 // EnsureProcs raises GOMAXPROCS to MinProcs when it is lower and the
-// operator has not set it (an explicit GOMAXPROCS environment variable
-// is obeyed as it is). It returns the setting in force and whether it
-// raised it. It changes the process, so only a main function calls it.
+// operator has not set it: a GOMAXPROCS environment variable that the
+// runtime obeys (a positive number) is obeyed here too. It returns the
+// setting in force and whether it raised it. It changes the process, so
+// only a main function calls it.
 func EnsureProcs() (procs int, raised bool) {
 	procs = runtime.GOMAXPROCS(0)
 	if procs >= MinProcs {
 		return procs, false
 	}
-	if _, set := os.LookupEnv("GOMAXPROCS"); set {
+	if n, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err == nil && n > 0 {
 		return procs, false
 	}
 	runtime.GOMAXPROCS(MinProcs)

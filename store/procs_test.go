@@ -29,6 +29,14 @@ func TestEnsureProcs(t *testing.T) {
 		t.Errorf("from %d Ps: EnsureProcs = %d, %v; GOMAXPROCS %d; want it left alone", MinProcs+1, procs, raised, runtime.GOMAXPROCS(0))
 	}
 
+	for _, ignored := range []string{"", "0", "two"} { // the runtime ignores these too
+		t.Setenv("GOMAXPROCS", ignored)
+		runtime.GOMAXPROCS(1)
+		if procs, raised := EnsureProcs(); procs != MinProcs || !raised {
+			t.Errorf("GOMAXPROCS=%q: EnsureProcs = %d, %v; want %d, true", ignored, procs, raised, MinProcs)
+		}
+	}
+
 	t.Setenv("GOMAXPROCS", "1")
 	runtime.GOMAXPROCS(1)
 	if procs, raised := EnsureProcs(); procs != 1 || raised || runtime.GOMAXPROCS(0) != 1 {

@@ -52,6 +52,7 @@ type relayProc struct {
 	env     []string
 	addrs   map[string]string // service -> host:port, from its start-up lines
 	nofile  int               // when > 0, the process's open-files limit (soft and hard)
+	cpu     string            // when set, the one core the process runs on (taskset -c)
 	stdout  []string
 	mu      sync.Mutex
 	stderr  *lockedBuffer
@@ -71,6 +72,13 @@ func startServer(t *testing.T, env ...string) *relayProc {
 // to nofile (0: inherited).
 func startServerNofile(t *testing.T, nofile int, env ...string) *relayProc {
 	t.Helper()
+	return startServerWith(t, &relayProc{nofile: nofile}, env...)
+}
+
+// startServerWith is startServer for a process shaped by s's nofile and
+// cpu.
+func startServerWith(t *testing.T, s *relayProc, env ...string) *relayProc {
+	t.Helper()
 	base := []string{
 		"RELAY_DATA_DIR=" + t.TempDir(),
 		"RELAY_ADMIN_LISTEN=127.0.0.1:0",
@@ -82,7 +90,7 @@ func startServerNofile(t *testing.T, nofile int, env ...string) *relayProc {
 		"RELAY_TURN_LISTEN=",
 		"RELAY_DRAIN_TIMEOUT=5s",
 	}
-	s := &relayProc{t: t, env: mergeEnv(base, env), nofile: nofile}
+	s.t, s.env = t, mergeEnv(base, env)
 	for _, kv := range s.env {
 		if v, ok := strings.CutPrefix(kv, "RELAY_DATA_DIR="); ok {
 			s.dataDir = v
@@ -120,6 +128,11 @@ func (s *relayProc) start() {
 		// the pid, so signals reach serve itself.
 		lim := strconv.Itoa(s.nofile)
 		s.cmd = exec.Command("sh", "-c", "ulimit -Sn "+lim+" && ulimit -Hn "+lim+` && exec "$0" serve`, binaryPath)
+	}
+	if s.cpu != "" {
+		// taskset execs serve, which keeps the pid; Go sizes its default
+		// GOMAXPROCS by the CPUs it may run on.
+		s.cmd = exec.Command("taskset", "-c", s.cpu, binaryPath, "serve")
 	}
 	s.cmd.Env = append(cleanEnv(), s.env...)
 	s.stderr = &lockedBuffer{}
