@@ -10,6 +10,9 @@ import (
 	"edgerelay/store"
 )
 
+// The relay's own response headers, written in canonical form so that
+// they are set with SetCanonical: SetBytesKV would copy and normalize the
+// name on every request (a tenth of a HEAD's handler time).
 var (
 	headerFirst = []byte("X-Relay-First")
 	headerLast  = []byte("X-Relay-Last")
@@ -199,9 +202,9 @@ func (h *Handler) head(ctx *fasthttp.RequestCtx, m *mailbox, r route) {
 	}
 	var b [20]byte
 	hdr := &ctx.Response.Header
-	hdr.SetBytesKV(headerFirst, strconv.AppendUint(b[:0], first, 10))
-	hdr.SetBytesKV(headerLast, strconv.AppendUint(b[:0], last, 10))
-	hdr.SetBytesKV(headerCount, strconv.AppendInt(b[:0], int64(count), 10))
+	hdr.SetCanonical(headerFirst, strconv.AppendUint(b[:0], first, 10))
+	hdr.SetCanonical(headerLast, strconv.AppendUint(b[:0], last, 10))
+	hdr.SetCanonical(headerCount, strconv.AppendInt(b[:0], int64(count), 10))
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
 
@@ -243,9 +246,9 @@ func (h *Handler) batch(ctx *fasthttp.RequestCtx, m *mailbox, r route) {
 	ctx.Response.SetBodyRaw(body)
 	ctx.Response.Header.SetContentTypeBytes(batchType)
 	if more {
-		ctx.Response.Header.SetBytesKV(headerMore, []byte("1"))
+		ctx.Response.Header.SetCanonical(headerMore, []byte("1"))
 	} else {
-		ctx.Response.Header.SetBytesKV(headerMore, []byte("0"))
+		ctx.Response.Header.SetCanonical(headerMore, []byte("0"))
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }
