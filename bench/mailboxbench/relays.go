@@ -92,14 +92,20 @@ type relay struct {
 func fromServe(r *relayserve.Relay) *relay { return &relay{name: r.Name, addr: r.Addr, close: r.Close} }
 
 // ourConfig is the mailbox handler as the binary configures it, but for
-// the clock and the idle timeout (see newStepClock) and the per-direction
-// caps, lifted so that rounds of synced writes into one mailbox never fill
-// it: the cap checks still run on every write.
+// the clock and the idle timeout (see newStepClock), the touch interval
+// and the per-direction caps, lifted so that rounds of synced writes into
+// one mailbox never fill it: the cap checks still run on every write. The
+// touch interval is lifted because the step clock moves a second per
+// reading: with 64 writers a minute passed between two writes of one
+// mailbox, so every write also stored the mailbox's record (three more
+// keys in its batch), where with a real clock a mailbox written
+// thousands of times a second stores it once a minute.
 func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
 	return mailbox.Config{
 		Store:          log,
 		Apps:           map[string]mailbox.App{app: {Name: app}},
 		Idle:           relayserve.IdleForever,
+		TouchEvery:     relayserve.IdleForever,
 		MaxStored:      1 << 30,
 		MaxStoredBytes: 1 << 40,
 		Now:            now,

@@ -39,7 +39,7 @@ type relay struct {
 
 type opts struct {
 	apps                             string
-	idle                             time.Duration
+	idle, touchEvery                 time.Duration
 	maxEnvelope, maxStored, maxBytes int
 	maxBehind                        int
 	dataDir                          string
@@ -71,7 +71,7 @@ func start(t testing.TB, o opts) *relay {
 	c := &clock{}
 	c.ns.Store(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC).UnixNano())
 	h, err := mailbox.New(mailbox.Config{
-		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle,
+		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle, TouchEvery: o.touchEvery,
 		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
 		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push, DetachSockets: true,
 	})

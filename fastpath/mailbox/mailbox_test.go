@@ -13,6 +13,7 @@ import (
 	"github.com/fasthttp/websocket"
 
 	"edgerelay/fastpath/mailbox"
+	"edgerelay/store"
 )
 
 func TestParseApps(t *testing.T) {
@@ -606,5 +607,46 @@ func TestWriteKeepsMailboxBetweenPersistedTouches(t *testing.T) {
 	expect(t, r.do("HEAD", mb("notes")+"/p2c/1", token, nil), 404, "")
 	if n := r.h.ExpireIdle(r.clock.now().UnixNano()); n != 1 {
 		t.Fatalf("erased %d, want 1", n)
+	}
+}
+
+// TestWritesStoreTheRecordEveryTouchInterval: a write stores the
+// mailbox's last-active time beside the envelope only once it has moved
+// by the touch interval since the stored one: a hundredth of RELAY_IDLE
+// (at most a minute) by default, Config.TouchEvery when set.
+func TestWritesStoreTheRecordEveryTouchInterval(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		touch time.Duration // Config.TouchEvery
+		every time.Duration // the interval in force
+	}{
+		{name: "default", every: time.Minute},
+		{name: "TouchEvery", touch: 10 * time.Minute, every: 10 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := start(t, opts{idle: 720 * time.Hour, touchEvery: tc.touch})
+			r.claim("notes")
+			claimed := r.clock.now().UnixNano()
+			stored := func() int64 {
+				t.Helper()
+				rec, err := store.NewEnvelopeLog(r.db).Mailbox("notes/" + id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return rec.LastActive
+			}
+			r.clock.advance(tc.every - time.Second)
+			expect(t, r.put("notes", "p2c", 1, envelope(1, 3, 1)), 201, "")
+			if got := stored(); got > claimed+int64(time.Second) {
+				t.Errorf("a write %v after the claim stored the record (last active %v after the claim); want it left for later",
+					tc.every-time.Second, time.Duration(got-claimed))
+			}
+			r.clock.advance(2 * time.Second)
+			expect(t, r.put("notes", "p2c", 2, envelope(2, 3, 1)), 201, "")
+			if got := stored(); got < claimed+int64(tc.every) {
+				t.Errorf("a write %v after the claim did not store the record (last active %v after the claim)",
+					tc.every+time.Second, time.Duration(got-claimed))
+			}
+		})
 	}
 }

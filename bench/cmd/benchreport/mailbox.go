@@ -14,7 +14,6 @@ import (
 // many each on a mailbox of its own.
 var mailboxWriters = []int{1, 64}
 
-
 // mailboxResults are the mailbox comparisons' reports, each with the error
 // that stopped it (its rows then say so).
 type mailboxResults struct {
