@@ -67,6 +67,17 @@ func (db *DB) Close() error {
 	return nil
 }
 
+// Busy reports whether Pebble is flushing a memtable or compacting tables
+// right now: background work that a benchmark lets finish before it
+// measures the next round.
+func (db *DB) Busy() bool { return PebbleBusy(db.pdb) }
+
+// PebbleBusy is Busy for any Pebble database.
+func PebbleBusy(pdb *pebble.DB) bool {
+	m := pdb.Metrics()
+	return m.Flush.NumInProgress > 0 || m.Compact.NumInProgress > 0
+}
+
 // Dir is the Pebble directory, for tests that inspect the raw files.
 func (db *DB) Dir() string { return db.dir }
 

@@ -3,7 +3,9 @@ package mailboxbench
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -84,5 +86,27 @@ func TestPutFloorCommitsEachBody(t *testing.T) {
 	}
 	if _, _, err := raw.Get(store.EnvelopeKey(nil, mailboxName(0), store.DirP2C, 3)); err != pebble.ErrNotFound {
 		t.Errorf("envelope 3 of the refused request: %v, want not found", err)
+	}
+}
+
+// TestSettleWaitsForQuiet: settle answers only once the store has been
+// idle for settleQuiet after its last busy poll.
+func TestSettleWaitsForQuiet(t *testing.T) {
+	polls := 0
+	busyPolls := 4
+	ans, err := settleCommand(func() bool { polls++; return polls <= busyPolls })("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited, err := strconv.ParseInt(ans, 10, 64)
+	if err != nil {
+		t.Fatalf("answer %q: %v", ans, err)
+	}
+	// The first poll is at once, so the busy ones span busyPolls-1 sleeps.
+	if min := time.Duration(busyPolls-1)*settlePoll + settleQuiet; time.Duration(waited) < min {
+		t.Errorf("settled after %v, want at least %v (%d busy polls, then %v quiet)", time.Duration(waited), min, busyPolls, settleQuiet)
+	}
+	if polls <= busyPolls {
+		t.Errorf("answered after %d polls, while still busy", polls)
 	}
 }

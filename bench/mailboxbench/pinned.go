@@ -339,6 +339,9 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, procs.Stop()) }()
+	if err := settle(ctx, procs[0], procs[1]); err != nil { // the seeding's flushes
+		return nil, err
+	}
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "read servers seeded and listening (%d mailboxes × %d envelopes of %d B each)\n", o.Mailboxes, o.Stored, o.EnvelopeSize)
 	}
@@ -505,6 +508,9 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, floors map
 		names := [2]string{name, "raw pebble"}
 		works := [2]func() (uint64, time.Duration, error){httpWork(p, writers), rawWork(writers)}
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (PinnedRun, error) {
+			if err := settle(ctx, ours, raw, floor); err != nil {
+				return PinnedRun{}, err
+			}
 			r, err := measure(ctx, procs[side], works[side])
 			if err != nil {
 				return r, fmt.Errorf("mailboxbench: pinned PUT, %d writers, round %d, %s: %w", writers, round, names[side], err)
@@ -540,6 +546,20 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, floors map
 		}
 	}
 	return figs, floors, nil
+}
+
+// settle waits until none of procs has Pebble work running (the
+// "settle" command): they share the server core, and one's flushes and
+// compactions from earlier rounds would otherwise run during another's
+// measured round. Each side still pays for the work its own round's
+// writes start.
+func settle(ctx context.Context, procs ...*serverproc.Proc) error {
+	for _, p := range procs {
+		if _, err := p.Ask(ctx, "settle", settleLimit+10*time.Second); err != nil {
+			return fmt.Errorf("mailboxbench: settle %s: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 func putName(writers int) string {

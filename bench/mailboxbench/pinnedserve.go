@@ -51,6 +51,9 @@ type ServeOptions struct {
 //	                     batch after another for duration d (each writer
 //	                     its own keys, sequences rising across commands);
 //	                     "ok <commits> <elapsed ns>"
+//	settle               every relay with a store: wait until Pebble has
+//	                     no flush or compaction running (settleCommand);
+//	                     "ok <waited ns>"
 //
 // It stops when in ends, on SIGINT or SIGTERM, or after c.MaxLife.
 func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
@@ -81,6 +84,7 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 			return err
 		}
 		defer func() { err = errors.Join(err, db.Close()) }()
+		commands["settle"] = settleCommand(db.Busy)
 		log := store.NewEnvelopeLog(db)
 		clock := newStepClock()
 		if err := seed(log, clock.Now, c.Mailboxes, c.Stored, c.EnvelopeSize); err != nil {
@@ -104,6 +108,7 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 				return err
 			}
 			defer func() { err = errors.Join(err, raw.Close()) }()
+			commands["settle"] = settleCommand(func() bool { return store.PebbleBusy(raw) })
 		}
 		f, err := startFloor(c.Listen, raw)
 		if err != nil {
@@ -119,11 +124,42 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		}
 		defer func() { err = errors.Join(err, raw.Close()) }()
 		commands["put"] = putCommand(rawWriters(raw, c.EnvelopeSize))
+		commands["settle"] = settleCommand(func() bool { return store.PebbleBusy(raw) })
 	default:
 		return fmt.Errorf("mailboxserve: relay %q: want ours, baseline, floor, floorput or pebble", c.Relay)
 	}
 	return serverproc.Serve(serverproc.ServeOptions{Ready: addr, MaxLife: c.MaxLife, Commands: commands, CPUProfile: c.CPUProfile}, in, out)
 }
+
+// settleCommand answers "settle" once busy (a Pebble flush or compaction
+// in progress) has stayed false for settleQuiet, or after settleLimit at
+// most: "ok <waited ns>". The PUT comparison settles every server before
+// each measured round, so that no process's background work from earlier
+// rounds runs on the shared server core during another's round.
+func settleCommand(busy func() bool) func(string) (string, error) {
+	return func(string) (string, error) {
+		start := time.Now()
+		quietSince := start
+		for time.Since(start) < settleLimit {
+			if busy() {
+				quietSince = time.Now()
+			} else if time.Since(quietSince) >= settleQuiet {
+				break
+			}
+			time.Sleep(settlePoll)
+		}
+		return strconv.FormatInt(int64(time.Since(start)), 10), nil
+	}
+}
+
+// How settleCommand waits: polls every settlePoll until settleQuiet has
+// passed with nothing running, giving up after settleLimit (the report
+// then measures with the work still running, as production would).
+const (
+	settlePoll  = 5 * time.Millisecond
+	settleQuiet = 50 * time.Millisecond
+	settleLimit = 20 * time.Second
+)
 
 // putCommand answers "put <writers> <duration>" with put's commits and
 // elapsed nanoseconds.
