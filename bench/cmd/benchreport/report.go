@@ -327,7 +327,9 @@ func render(info runInfo, rows []row, raw string) string {
 		"measure servers that do nothing but the HTTP exchange (and, for PUT, raw Pebble's synced commit) under the " +
 		"same load: what no HTTP server can beat on this machine, so a goal above a floor's ratio cannot be met here. " +
 		"Its pipelined rows write 16 requests per connection at once, as TechEmpower's plaintext test does, so that " +
-		"the kernel's cost of a round trip is shared and each server's own cost per request shows.\n\n")
+		"the kernel's cost of a round trip is shared and each server's own cost per request shows. Before each PUT " +
+		"round every server with a Pebble store waits until none of them has a flush or compaction running, so that " +
+		"no process's background work from earlier rounds runs on the shared server core during another's round.\n\n")
 	b.WriteString("| figure | ours | baseline | ratio | goal |\n|---|---|---|---|---|\n")
 	for _, r := range rows {
 		b.WriteString(r.Markdown() + "\n")
