@@ -93,8 +93,9 @@ type PutReport struct {
 // means the envelope (and the mailbox's last-active time) was synced. The
 // baseline: each writer applies a Pebble batch holding one Set of a key of
 // the same length as our envelope key and a value of the same size, with
-// pebble.Sync, to a database opened with the same options as the store's.
-// That is the ceiling any envelope write can reach on this disk, group
+// pebble.Sync, to a database opened with Pebble's default options (the
+// store's differ only in a larger block cache, which reads use and these
+// writes do not). That is the ceiling any envelope write can reach on this disk, group
 // commit included; the ratio is the share of it ours keeps.
 func ComparePut(ctx context.Context, o PutOptions) (rep PutReport, err error) {
 	o, err = o.withDefaults()
