@@ -186,7 +186,7 @@ type PinnedReport struct {
 	Pinned  bool
 	Machine string
 	Go      string
-	Figures []PinnedFigure // HEAD, GET, then PUT per writer count
+	Figures []PinnedFigure // HEAD, GET, pipelined HEAD and GET, then PUT per writer count
 	// Floors are the floor server (floorServer) under the HEAD loads,
 	// by depth (1 and Pipeline): the CPU per request that no server on
 	// this machine can go below.
