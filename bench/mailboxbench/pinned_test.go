@@ -22,16 +22,17 @@ func TestComparePinnedSmoke(t *testing.T) {
 	progress := &stampedLog{start: time.Now()}
 	profiles := t.TempDir()
 	rep, err := ComparePinned(ctx, PinnedOptions{
-		Rounds:     2,
-		RoundTime:  100 * time.Millisecond,
-		Conns:      2,
-		Pipeline:   3,
-		Mailboxes:  4,
-		Stored:     3,
-		Writers:    []int{4}, // one PUT figure: one writer takes the same path
-		DataDir:    t.TempDir(),
-		ProfileDir: profiles,
-		Progress:   progress,
+		Rounds:       2,
+		RoundTime:    100 * time.Millisecond,
+		PutRoundTime: 150 * time.Millisecond,
+		Conns:        2,
+		Pipeline:     3,
+		Mailboxes:    4,
+		Stored:       3,
+		Writers:      []int{4}, // one PUT figure: one writer takes the same path
+		DataDir:      t.TempDir(),
+		ProfileDir:   profiles,
+		Progress:     progress,
 	})
 	t.Logf("\n%s", progress.b.String())
 	if err != nil {
@@ -103,6 +104,10 @@ func TestComparePinnedSmoke(t *testing.T) {
 		}
 		if !strings.Contains(lines[5], "3 requests pipelined") {
 			t.Errorf("row 6 is not the pipelined HEAD's: %.200s", lines[5])
+		}
+		// Reads run RoundTime rounds, PUTs PutRoundTime ones.
+		if !strings.Contains(lines[0], "rounds of 100ms") || !strings.Contains(lines[10], "rounds of 150ms") || !strings.Contains(lines[12], "rounds of 150ms") {
+			t.Errorf("round times: HEAD row %.300s; PUT row %.300s", lines[0], lines[10])
 		}
 	}
 	for line := range strings.Lines(md) {

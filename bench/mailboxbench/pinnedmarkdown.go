@@ -43,6 +43,7 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 		where += fmt.Sprintf(", ours and the Pebble writers with GOMAXPROCS=%d as the relay runs, net/http with Go's default of 1", store.MinProcs)
 	}
 	median := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.RoundTime)
+	putMedian := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.PutRoundTime)
 	for _, f := range r.Figures {
 		cpu := [2][]float64{runValues(f.Ours, PinnedRun.PerCPUSec), runValues(f.Other, PinnedRun.PerCPUSec)}
 		wall := [2][]float64{runValues(f.Ours, PinnedRun.PerSec), runValues(f.Other, PinnedRun.PerSec)}
@@ -81,7 +82,7 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 		what := fmt.Sprintf("mailbox envelope PUT synced before the 201, %s, %d B envelopes over loopback HTTP (%s; "+
 			"baseline: raw Pebble, one Set of the same key and value sizes per batch applied with pebble.Sync by %s, "+
 			"a pinned process of its own on the same disk; %s)",
-			writers, o.EnvelopeSize, where, goroutines(f.Writers), median)
+			writers, o.EnvelopeSize, where, goroutines(f.Writers), putMedian)
 		rows = append(rows,
 			benchfmt.Row{
 				Figure: what + ": writes per wall second",
@@ -96,7 +97,7 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 				Goal:  "— (CPU cost per write; the goal is on throughput)",
 			})
 		if floor, ok := r.PutFloors[f.Writers]; ok {
-			rows = append(rows, putFloorRow(floor, f, goal, where, median))
+			rows = append(rows, putFloorRow(floor, f, goal, where, putMedian))
 		}
 	}
 	return rows

@@ -32,10 +32,10 @@ func (m mailboxResults) err() error { return errors.Join(m.pinErr, m.watchErr) }
 // sockets.
 func runMailbox(ctx context.Context, s settings, bins servers, progress io.Writer) mailboxResults {
 	var m mailboxResults
-	fmt.Fprintf(progress, "\n== mailbox HEAD, GET and synced PUT: ours vs net/http and raw Pebble, each server pinned in a process of its own, %d rounds of %v\n",
-		s.rounds, s.mailboxRound)
+	fmt.Fprintf(progress, "\n== mailbox HEAD, GET and synced PUT: ours vs net/http and raw Pebble, each server pinned in a process of its own, %d rounds of %v (PUT %v)\n",
+		s.rounds, s.mailboxRound, s.mailboxPutRound)
 	m.pinned, m.pinErr = mailboxbench.ComparePinned(ctx, mailboxbench.PinnedOptions{
-		Rounds: s.rounds, RoundTime: s.mailboxRound, Writers: mailboxWriters,
+		Rounds: s.rounds, RoundTime: s.mailboxRound, PutRoundTime: s.mailboxPutRound, Writers: mailboxWriters,
 		Binary: bins.path("mailboxserve"), Progress: progress,
 	})
 	if m.pinErr != nil {
@@ -55,11 +55,11 @@ func runMailbox(ctx context.Context, s settings, bins servers, progress io.Write
 
 func mailboxInfo(s settings, m mailboxResults) string {
 	o := m.pinned.Options
-	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v, alternated; HEAD and GET over %d connections, one request at a time and %d pipelined; "+
+	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v (PUT %v), alternated; HEAD and GET over %d connections, one request at a time and %d pipelined; "+
 		"PUTs of %d B envelopes by %d and %d writers against raw Pebble and an HTTP floor; "+
 		"ours and the Pebble writers with GOMAXPROCS=%d as serve runs (store.EnsureProcs), the net/http baseline and the HEAD floor "+
 		"with Go's default, 1 on their core (their fastest); %s; %s idle watch sockets per server",
-		s.rounds, s.mailboxRound, o.Conns, o.Pipeline, o.EnvelopeSize, mailboxWriters[0], mailboxWriters[1],
+		s.rounds, s.mailboxRound, s.mailboxPutRound, o.Conns, o.Pipeline, o.EnvelopeSize, mailboxWriters[0], mailboxWriters[1],
 		store.MinProcs, pinnedText(m.pinned.Pinned, o.ServerCPU, o.LoadCPU, "server", m.pinned.Warnings), thousands(float64(s.watchSockets)))
 }
 
