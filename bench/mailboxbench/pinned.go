@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -510,48 +509,79 @@ func (b *pinnedBench) puts(ctx context.Context) (figs []PinnedFigure, floors map
 			return n, time.Duration(ns), nil
 		}
 	}
-	// compare alternates an HTTP server p against raw Pebble.
-	compare := func(p *serverproc.Proc, name string, writers int) (PinnedFigure, error) {
-		procs := [2]*serverproc.Proc{p, raw}
-		names := [2]string{name, "raw pebble"}
-		works := [2]func() (uint64, time.Duration, error){httpWork(p, writers), rawWork(writers)}
-		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (PinnedRun, error) {
+	// compare alternates ours against raw Pebble, and measures the floor
+	// right beside each raw Pebble run (before it in odd rounds, after
+	// it in even ones), so that ours and the floor are each set against
+	// the same raw Pebble rounds: the disk's fsync latency drifts, and
+	// separate raw series made the two shares differ by as much as that
+	// drift.
+	// putRound is one side's measurement in one round: ours, or raw
+	// Pebble with the floor beside it.
+	type putRound struct{ main, floor PinnedRun }
+	compare := func(writers int) (f, floorFig PinnedFigure, err error) {
+		run := func(p *serverproc.Proc, name string, round int, work func() (uint64, time.Duration, error)) (PinnedRun, error) {
 			if err := settle(ctx, ours, raw, floor); err != nil {
 				return PinnedRun{}, err
 			}
-			r, err := measure(ctx, procs[side], works[side])
+			r, err := measure(ctx, p, work)
 			if err != nil {
-				return r, fmt.Errorf("mailboxbench: pinned PUT, %d writers, round %d, %s: %w", writers, round, names[side], err)
+				return r, fmt.Errorf("mailboxbench: pinned PUT, %d writers, round %d, %s: %w", writers, round, name, err)
 			}
-			pinnedProgress(o.Progress, round, fmt.Sprintf("PUT %2d writers     %-10s", writers, names[side]), r, "writes")
+			pinnedProgress(o.Progress, round, fmt.Sprintf("PUT %2d writers     %-10s", writers, name), r, "writes")
 			return r, nil
+		}
+		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (rr putRound, err error) {
+			if side == 0 {
+				rr.main, err = run(ours, "ours", round, httpWork(ours, writers))
+				return rr, err
+			}
+			pair := [2]func() error{
+				func() (err error) { rr.main, err = run(raw, "raw pebble", round, rawWork(writers)); return err },
+				func() (err error) { rr.floor, err = run(floor, "floor", round, httpWork(floor, writers)); return err },
+			}
+			if round%2 == 1 {
+				pair[0], pair[1] = pair[1], pair[0]
+			}
+			for _, do := range pair {
+				if err := do(); err != nil {
+					return rr, err
+				}
+			}
+			return rr, nil
 		})
 		if err != nil {
-			return PinnedFigure{}, err
+			return f, floorFig, err
 		}
-		f := newPinnedFigure(putName(writers), writers, summarizePinned(names[0], runs[0]), summarizePinned(names[1], runs[1]))
+		var oursRuns, rawRuns, floorRuns []PinnedRun
+		for i := range runs[0] {
+			oursRuns = append(oursRuns, runs[0][i].main)
+			rawRuns = append(rawRuns, runs[1][i].main)
+			floorRuns = append(floorRuns, runs[1][i].floor)
+		}
+		rawSide := summarizePinned("raw pebble", rawRuns)
+		f = newPinnedFigure(putName(writers), writers, summarizePinned("ours", oursRuns), rawSide)
+		floorFig = newPinnedFigure(putName(writers), writers, summarizePinned("floor", floorRuns), rawSide)
 		if o.ProfileDir != "" {
-			for side, p := range procs {
-				if side == 1 && name != "ours" {
-					break // raw Pebble's profile is taken beside ours
-				}
-				if err := b.profile(ctx, p, fmt.Sprintf("put-%d-%s", writers, strings.ReplaceAll(names[side], " ", "-")), works[side]); err != nil {
-					return f, err
+			for _, p := range []struct {
+				proc *serverproc.Proc
+				name string
+				work func() (uint64, time.Duration, error)
+			}{{ours, "ours", httpWork(ours, writers)}, {raw, "raw-pebble", rawWork(writers)}, {floor, "floor", httpWork(floor, writers)}} {
+				if err := b.profile(ctx, p.proc, fmt.Sprintf("put-%d-%s", writers, p.name), p.work); err != nil {
+					return f, floorFig, err
 				}
 			}
 		}
-		return f, nil
+		return f, floorFig, nil
 	}
 	floors = map[int]PinnedFigure{}
 	for _, writers := range o.Writers {
-		f, err := compare(ours, "ours", writers)
+		f, floorFig, err := compare(writers)
 		if err != nil {
 			return figs, floors, err
 		}
 		figs = append(figs, f)
-		if floors[writers], err = compare(floor, "floor", writers); err != nil {
-			return figs, floors, err
-		}
+		floors[writers] = floorFig
 	}
 	return figs, floors, nil
 }
