@@ -149,9 +149,11 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// The full run's budget on 2 cores, `make bench` being allowed 15
 	// minutes, reckoned from a QUICK run's rates: server programs 0.2
 	// (warm cache; a cold one adds about a minute), channel 1 (forwarding
-	// and idle phones), mailbox 1.3 (pinned HEAD, GET and PUTs, idle watch
+	// and idle phones), mailbox 3.3 (pinned HEAD and GET, one at a time
+	// and pipelined, with their floors; PUTs in 2 s rounds beside raw
+	// Pebble and the PUT floor, settling between rounds; idle watch
 	// sockets), signal 0.9, agent 1, TURN 1.5, micro and push benchmarks 6
-	// — about 12 minutes. The quick one, a smoke test of the whole
+	// — about 13 minutes. The quick one, a smoke test of the whole
 	// pipeline, stays under 2 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
