@@ -80,7 +80,7 @@ func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
 		}
 	}
 	if cfg.CloudflareKeyID != "" && cfg.CloudflareToken != "" {
-		cf, err := h.cloudflare(ctx, ttl)
+		cf, err := h.cloudflare(ttl)
 		if err != nil {
 			h.log.Warn("cloudflare TURN unavailable", "err", err)
 			failed = true
@@ -110,7 +110,15 @@ func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
 }
 
 // cloudflare calls generate-ice-servers and returns its iceServers.
-func (h *Handler) cloudflare(rctx context.Context, ttl time.Duration) ([]iceServer, error) {
+//
+// The call's context is its own, bounded by 5 s, and not derived from the
+// fasthttp.RequestCtx: that is no standard context, so deriving from it
+// started a goroutine that could still read it (its Done fires on server
+// shutdown) after fasthttp had reset it for the next request (a data
+// race the race detector caught in TestICEFromCloudflare). The request
+// never ends before the handler returns anyway, and a drain waits for
+// handlers at most RELAY_DRAIN_TIMEOUT.
+func (h *Handler) cloudflare(ttl time.Duration) ([]iceServer, error) {
 	cfg := h.cfg.ICE
 	base := cfg.CloudflareURL
 	if base == "" {
@@ -120,7 +128,7 @@ func (h *Handler) cloudflare(rctx context.Context, ttl time.Duration) ([]iceServ
 	if client == nil {
 		client = &http.Client{Timeout: 5 * time.Second}
 	}
-	ctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	body := []byte(`{"ttl":` + strconv.FormatInt(int64(ttl/time.Second), 10) + `}`)
 	url := base + "/v1/turn/keys/" + cfg.CloudflareKeyID + "/credentials/generate-ice-servers"
