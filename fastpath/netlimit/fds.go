@@ -20,13 +20,18 @@ import (
 //
 // So the Listener never returns these errors. It keeps one spare descriptor
 // open (the reserve, on /dev/null). On EMFILE or ENFILE it closes the
-// reserve, accepts every pending connection and closes each one at once
+// reserve, accepts the pending connections and closes each one at once
 // (counted as ReasonFDs: the client sees its connection end, it does not
 // hang), takes the reserve back, and then waits on the listening socket for
 // the next connection before trying a real accept again: no sleeping, no
-// spinning, and a connection that arrives once descriptors are free again is
-// served at once. This is libuv's technique (its EMFILE trick); nginx and Go's
+// spinning. This is libuv's technique (its EMFILE trick); nginx and Go's
 // net/http instead pause accepting and leave clients in the backlog.
+//
+// A connection is shed only when the process cannot hold it and its
+// reserve both: after taking each one off the queue, the shedding tries to
+// reopen the reserve, and when that works descriptors are free again and the
+// connection is served (see adopt). So a connection that arrives as
+// descriptors become free is not lost to a shedding that began before.
 //
 // The shedding works on a second descriptor of the listening socket, made at
 // New: the raw connection of a net.Listener refuses Read, which is the only
@@ -110,13 +115,15 @@ func (g *fdGuard) release() bool {
 	return true
 }
 
-// retake reopens the reserve if it is not held and the listener is open.
-func (g *fdGuard) retake() {
+// retake reopens the reserve if it is not held and the listener is open;
+// it reports whether the reserve is held.
+func (g *fdGuard) retake() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.reserve < 0 && !g.closed {
 		g.reserve = openReserve()
 	}
+	return g.reserve >= 0
 }
 
 // close gives the reserve back for good; the listener is closing.

@@ -58,17 +58,21 @@ func dupListener(ln net.Listener) (*os.File, syscall.RawConn) {
 	return f, fraw
 }
 
-// shedPending frees the reserve, accepts every connection waiting on the
-// listening socket and closes it at once (counting each as ReasonFDs),
-// takes the reserve back, and then waits until another connection arrives
-// or the listener closes. It returns errNoReserve, or the error that
-// stopped it, when it did not get to wait for the next connection: the
-// caller backs off.
-func (l *Listener) shedPending() error {
+// shedPending frees the reserve, accepts each connection waiting on the
+// listening socket and closes it at once (counting it as ReasonFDs), takes
+// the reserve back, and then waits until another connection arrives or the
+// listener closes; it returns nil, nil then, and Accept tries for real.
+//
+// When the reserve can be reopened with a new connection held, descriptors
+// are free again: shedPending stops and returns that connection to be
+// served. It returns errNoReserve, or the error that stopped it, when it
+// did not get to wait for the next connection: the caller backs off.
+func (l *Listener) shedPending() (net.Conn, error) {
 	if l.raw == nil || !l.fds.release() {
-		return errNoReserve
+		return nil, errNoReserve
 	}
 	var stuck error
+	kept := -1
 	waiting := false
 	err := l.raw.Read(func(fd uintptr) bool {
 		if waiting {
@@ -78,6 +82,10 @@ func (l *Listener) shedPending() error {
 			nfd, _, err := syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
 			switch err {
 			case nil:
+				if l.fds.retake() {
+					kept = nfd // descriptors are free again
+					return true
+				}
 				l.refuse(ReasonFDs)
 				_ = syscall.Close(nfd)
 				l.fds.shed()
@@ -102,11 +110,32 @@ func (l *Listener) shedPending() error {
 		}
 	})
 	l.fds.retake()
+	if kept >= 0 {
+		return l.adopt(kept), nil
+	}
 	if err != nil {
 		// The listener was closed while waiting (Accept then reports it;
 		// the back-off ends at once) or the poller failed: either way
 		// the caller must not retry at once.
-		return err
+		return nil, err
 	}
-	return stuck
+	return nil, stuck
+}
+
+// adopt makes a net.Conn of a connection accepted by shedPending, or sheds
+// it (nil) when that cannot be done. net.FileConn duplicates the
+// descriptor, which takes one more, so the reserve is lent to it: released
+// before, taken back once the original is closed.
+func (l *Listener) adopt(nfd int) net.Conn {
+	f := os.NewFile(uintptr(nfd), "accepted")
+	l.fds.release()
+	c, err := net.FileConn(f)
+	_ = f.Close()
+	l.fds.retake()
+	if err != nil {
+		l.refuse(ReasonFDs)
+		l.fds.shed()
+		return nil
+	}
+	return c
 }

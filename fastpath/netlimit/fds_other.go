@@ -19,4 +19,4 @@ func dupListener(net.Listener) (*os.File, syscall.RawConn) { return nil, nil }
 
 // shedPending cannot take connections off the queue here: the caller backs
 // off instead.
-func (l *Listener) shedPending() error { return errNoReserve }
+func (l *Listener) shedPending() (net.Conn, error) { return nil, errNoReserve }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,30 +27,26 @@ import (
 func TestOutOfFDsRefusesPromptlyAndRecovers(t *testing.T) {
 	logs := &syncBuffer{}
 	var calls atomic.Int64
-	h := start(t, Limits{}, func(l *Listener) {
+	h := listen(t, Limits{}, func(l *Listener) {
 		l.inner = &countingListener{TCPListener: l.inner.(*net.TCPListener), calls: &calls}
 		l.SetLog(slog.New(slog.NewJSONHandler(logs, nil)))
 	})
 	if !h.l.fds.holding() {
 		t.Fatal("no spare descriptor held")
 	}
-	fill := exhaustFDs(t)
-
 	const attempts = 20
-	for i := range attempts {
-		// One descriptor for the client's socket; the server then has none
-		// for its side of the connection.
-		fill.free(1)
+	clients := newRawClients(t, attempts+1)
+	fill := exhaustFDs(t)
+	h.serve()
+	for i, client := range clients[:attempts] {
 		begin := time.Now()
-		client := h.dial("127.0.0.1")
-		h.expectRefused(client)
+		client.connect(h.l.Addr())
+		client.expectRefused(h)
 		// The shedding closes it at once; a server that left it in the
 		// backlog or retried with a sleep would take a second or more.
 		if took := time.Since(begin); took > time.Second {
 			t.Fatalf("attempt %d: refused after %v", i, took)
 		}
-		client.Close()
-		fill.take(1)
 	}
 	if got := h.counts.snapshot()[ReasonFDs]; got != attempts {
 		t.Fatalf("refusals counted as %q: %d, want %d", ReasonFDs, got, attempts)
@@ -64,7 +61,9 @@ func TestOutOfFDsRefusesPromptlyAndRecovers(t *testing.T) {
 	}
 
 	fill.free(len(fill.fds))
-	h.expectAccepted(h.dial("127.0.0.1"))
+	final := clients[attempts]
+	final.connect(h.l.Addr())
+	h.expectAccepted(final.conn())
 	if !strings.Contains(logs.String(), "file descriptors available again") {
 		t.Fatalf("recovery not logged:\n%s", logs.String())
 	}
@@ -78,29 +77,34 @@ func TestOutOfFDsRefusesPromptlyAndRecovers(t *testing.T) {
 // a growing pause instead of spinning or giving up, and serves the
 // connection once a descriptor is free.
 func TestOutOfFDsWithoutSheddingBacksOff(t *testing.T) {
-	var calls atomic.Int64
-	h := start(t, Limits{}, func(l *Listener) {
-		l.inner = &countingListener{TCPListener: l.inner.(*net.TCPListener), calls: &calls}
+	var inner *countingListener
+	h := listen(t, Limits{}, func(l *Listener) {
+		inner = &countingListener{TCPListener: l.inner.(*net.TCPListener), calls: new(atomic.Int64)}
+		l.inner = inner
 		l.raw = nil
 	})
+	client := newRawClients(t, 1)[0]
 	fill := exhaustFDs(t)
-	fill.free(1)
-	begin := time.Now()
-	client := h.dial("127.0.0.1")
+	h.serve()
+	client.connect(h.l.Addr())
+	// The failures are timed from the first: Accept may have begun failing
+	// before the client connected (accept(2) needs a descriptor even with
+	// the queue empty).
 	const retries = 5
 	deadline := time.Now().Add(wait)
-	for calls.Load() < retries {
+	for len(inner.failed()) < retries {
 		if time.Now().After(deadline) {
-			t.Fatalf("Accept stopped retrying after %d calls", calls.Load())
+			t.Fatalf("Accept stopped retrying after %d failures", len(inner.failed()))
 		}
 		time.Sleep(time.Millisecond)
 	}
-	// Pauses of 5, 10, 20 and 40 ms come between the first five calls.
-	if took := time.Since(begin); took < 75*time.Millisecond {
-		t.Fatalf("%d accept attempts within %v: no back-off", retries, took)
+	// Pauses of 5, 10, 20 and 40 ms come between the first five failures.
+	failed := inner.failed()
+	if took := failed[retries-1].Sub(failed[0]); took < 75*time.Millisecond {
+		t.Fatalf("%d failed accepts within %v: no back-off", retries, took)
 	}
 	fill.free(len(fill.fds))
-	h.expectAccepted(client)
+	h.expectAccepted(client.conn())
 	if got := h.counts.snapshot()[ReasonFDs]; got != 0 {
 		t.Fatalf("%d connections refused, want the waiting one served", got)
 	}
@@ -150,12 +154,164 @@ func TestCloseWhileOutOfFDs(t *testing.T) {
 	}
 }
 
+// TestSheddingServesOnceDescriptorsAreFree: a connection that the shedding
+// takes off the queue when descriptors are free again is served, not shed
+// (here the shedding starts after the process recovered, as when
+// descriptors free up while it runs), and the reserve is held after.
+func TestSheddingServesOnceDescriptorsAreFree(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := &recorder{}
+	l := New(ln, Limits{}, counts)
+	t.Cleanup(func() { l.Close() })
+	client := newRawClients(t, 1)[0]
+	fill := exhaustFDs(t)
+	client.connect(l.Addr())
+	fill.free(len(fill.fds))
+
+	// A shedding that shed the connection would go on to wait for the
+	// next one: closing the listener ends that wait.
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := l.shedPending()
+		done <- result{c, err}
+	}()
+	var served net.Conn
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		served = r.c
+	case <-time.After(wait):
+		l.Close()
+		<-done
+	}
+	if served == nil {
+		t.Fatalf("connection shed with descriptors free (refusals %v)", counts.snapshot())
+	}
+	defer served.Close()
+	if got := counts.snapshot()[ReasonFDs]; got != 0 {
+		t.Fatalf("%d refusals counted for a served connection", got)
+	}
+	if !l.fds.holding() {
+		t.Fatal("reserve not held after serving")
+	}
+	conn := client.conn()
+	if served.RemoteAddr().String() != conn.LocalAddr().String() {
+		t.Fatalf("served %v, the client is %v", served.RemoteAddr(), conn.LocalAddr())
+	}
+	served.SetDeadline(time.Now().Add(wait))
+	if _, err := served.Write([]byte("k")); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(wait))
+	if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil {
+		t.Fatalf("served connection does not work: %v", err)
+	}
+}
+
+// rawClient is a client socket made before the process runs out of
+// descriptors, so that connecting it takes none. The test and the listener
+// share the process's descriptors: with these clients the test opens and
+// closes none while the listener sheds, and the listener's juggling of its
+// reserve is all that moves the count (a dial would race it for the one
+// free descriptor).
+type rawClient struct {
+	t  *testing.T
+	fd int // -1 once handed to conn
+}
+
+// newRawClients makes n unconnected blocking TCP sockets, closed at cleanup.
+func newRawClients(t *testing.T, n int) []*rawClient {
+	t.Helper()
+	clients := make([]*rawClient, n)
+	for i := range clients {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &rawClient{t: t, fd: fd}
+		t.Cleanup(func() {
+			if c.fd >= 0 {
+				_ = syscall.Close(c.fd)
+			}
+		})
+		clients[i] = c
+	}
+	return clients
+}
+
+// connect connects to addr (a loopback TCP address): the handshake is done
+// by the kernel, whatever the listener's state.
+func (c *rawClient) connect(addr net.Addr) {
+	c.t.Helper()
+	a := addr.(*net.TCPAddr)
+	sa := &syscall.SockaddrInet4{Port: a.Port}
+	copy(sa.Addr[:], a.IP.To4())
+	if err := syscall.Connect(c.fd, sa); err != nil {
+		c.t.Fatalf("connect to %v: %v", addr, err)
+	}
+}
+
+// expectRefused waits for the server to close the connection without a
+// byte, and checks that Accept never returned it.
+func (c *rawClient) expectRefused(h *harness) {
+	c.t.Helper()
+	tv := syscall.NsecToTimeval(wait.Nanoseconds())
+	if err := syscall.SetsockoptTimeval(c.fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv); err != nil {
+		c.t.Fatal(err)
+	}
+	var n int
+	var err error
+	for {
+		n, err = syscall.Read(c.fd, make([]byte, 1))
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if n != 0 || err != nil {
+		c.t.Fatalf("refused connection: read %d bytes, %v; want the end of the stream", n, err)
+	}
+	select {
+	case accepted := <-h.accepted:
+		c.t.Fatalf("connection from %v was accepted as well", accepted.RemoteAddr())
+	default:
+	}
+}
+
+// conn hands the socket over as a net.Conn (which takes a descriptor: call
+// it once some are free).
+func (c *rawClient) conn() net.Conn {
+	c.t.Helper()
+	f := os.NewFile(uintptr(c.fd), "client")
+	c.fd = -1
+	defer f.Close()
+	conn, err := net.FileConn(f)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // fdFiller holds descriptors so that the process has none left.
 type fdFiller struct {
 	t   *testing.T
 	fds []int
 }
 
+// exhaustFDs must run while no other goroutine opens or closes descriptors
+// (the listener's accept loop starts after it, see listen): a descriptor
+// held for a moment elsewhere, such as the one accept(2) takes even when
+// the queue is empty, would end the filling one short.
+//
 // exhaustFDs lowers this process's soft open-files limit to a little above
 // what it uses (so that filling it is quick; restored at cleanup) and opens
 // /dev/null until no descriptor is left.
@@ -214,16 +370,32 @@ func (f *fdFiller) take(n int) {
 	}
 }
 
-// countingListener counts the calls to Accept; embedding keeps the
-// TCPListener's SyscallConn.
+// countingListener counts the calls to Accept and notes when each failed;
+// embedding keeps the TCPListener's SyscallConn.
 type countingListener struct {
 	*net.TCPListener
 	calls *atomic.Int64
+
+	mu       sync.Mutex
+	failures []time.Time
 }
 
 func (c *countingListener) Accept() (net.Conn, error) {
 	c.calls.Add(1)
-	return c.TCPListener.Accept()
+	conn, err := c.TCPListener.Accept()
+	if err != nil {
+		c.mu.Lock()
+		c.failures = append(c.failures, time.Now())
+		c.mu.Unlock()
+	}
+	return conn, err
+}
+
+// failed returns when the calls that failed returned.
+func (c *countingListener) failed() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.failures)
 }
 
 type syncBuffer struct {

@@ -170,10 +170,12 @@ func (l *Listener) Accept() (net.Conn, error) {
 				return nil, err
 			}
 			l.fds.exhausted(l.now(), err, l.Open())
-			if l.shedPending() != nil {
+			if c, err = l.shedPending(); err != nil {
 				l.fds.wait()
 			}
-			continue
+			if c == nil {
+				continue
+			}
 		}
 		if backedOff || l.fds.inEpisode.Load() {
 			// The next shortage starts its back-off from the shortest.

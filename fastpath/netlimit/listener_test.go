@@ -273,14 +273,23 @@ type harness struct {
 	l        *Listener
 	accepted chan net.Conn
 	counts   *recorder
+	loop     sync.WaitGroup // the accept loop
 
 	mu  sync.Mutex
 	all []net.Conn // server side, for acceptedFrom and cleanup
 }
 
-// start listens on 127.0.0.1 with lim; configure, if not nil, adjusts the
-// Listener before its accept loop starts.
+// start listens on 127.0.0.1 with lim and runs the accept loop; configure,
+// if not nil, adjusts the Listener before its accept loop starts.
 func start(t *testing.T, lim Limits, configure func(*Listener)) *harness {
+	t.Helper()
+	h := listen(t, lim, configure)
+	h.serve()
+	return h
+}
+
+// listen is start without the accept loop: serve starts it.
+func listen(t *testing.T, lim Limits, configure func(*Listener)) *harness {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -291,8 +300,21 @@ func start(t *testing.T, lim Limits, configure func(*Listener)) *harness {
 	if configure != nil {
 		configure(h.l)
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	t.Cleanup(func() {
+		h.l.Close()
+		h.loop.Wait()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, c := range h.all {
+			c.Close()
+		}
+	})
+	return h
+}
+
+// serve runs the accept loop until the listener closes.
+func (h *harness) serve() {
+	h.loop.Go(func() {
 		for {
 			c, err := h.l.Accept()
 			if err != nil {
@@ -304,16 +326,6 @@ func start(t *testing.T, lim Limits, configure func(*Listener)) *harness {
 			h.accepted <- c
 		}
 	})
-	t.Cleanup(func() {
-		h.l.Close()
-		wg.Wait()
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for _, c := range h.all {
-			c.Close()
-		}
-	})
-	return h
 }
 
 // dial connects from the loopback address from (all of 127/8 is loopback on
