@@ -77,7 +77,7 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 		h.internal(ctx, err)
 		return 0, nil
 	}
-	if ch := d.inflight[r.seq]; ch != nil {
+	if ch, busy := d.settled(r.seq); busy {
 		m.mu.Unlock()
 		return 0, ch
 	}
@@ -111,11 +111,10 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 		errMailboxFull.answer(ctx)
 		return 0, nil
 	}
-	done := make(chan struct{})
 	if d.inflight == nil {
 		d.inflight = make(map[uint64]chan struct{})
 	}
-	d.inflight[r.seq] = done
+	d.inflight[r.seq] = nil
 	d.reservedCount++
 	d.reservedBytes += len(env)
 	m.rec.LastActive = now
@@ -130,6 +129,7 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	err = h.cfg.Store.Put(m.name, r.dir, r.seq, env, touch, prev)
 
 	m.mu.Lock()
+	done := d.inflight[r.seq]
 	delete(d.inflight, r.seq)
 	d.reservedCount--
 	d.reservedBytes -= len(env)
@@ -147,7 +147,9 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 		}
 	}
 	m.mu.Unlock()
-	close(done)
+	if done != nil {
+		close(done)
+	}
 	if err != nil {
 		h.internal(ctx, err)
 		return 0, nil

@@ -333,8 +333,8 @@ func (h *Handler) waitInflight(m *mailbox) {
 	for {
 		var ch chan struct{}
 		for i := range m.dirs {
-			for _, c := range m.dirs[i].inflight {
-				ch = c
+			for seq := range m.dirs[i].inflight {
+				ch, _ = m.dirs[i].settled(seq)
 				break
 			}
 		}

@@ -31,12 +31,26 @@ type mailbox struct {
 	lastUse   int64 // unix ns of the last request, for cache eviction
 }
 
+// settled returns the channel closed when the write of seq in flight
+// settles, making it if no one waited yet; ok is false when no write of seq
+// is in flight. Called with the mailbox lock held.
+func (d *direction) settled(seq uint64) (ch chan struct{}, ok bool) {
+	ch, ok = d.inflight[seq]
+	if ok && ch == nil {
+		ch = make(chan struct{})
+		d.inflight[seq] = ch
+	}
+	return ch, ok
+}
+
 // direction is one direction's state.
 type direction struct {
 	loaded bool
 	store.DirectionState
 	// inflight holds the sequences being written: a second writer of the
 	// same sequence waits for the first to settle, then compares bytes.
+	// Each has the channel closed when it settles, made by the first to
+	// wait (see settled): most writes have no one waiting and go without.
 	inflight map[uint64]chan struct{}
 	// reserved counts envelopes and bytes being written, so that the
 	// 507 check holds while their syncs run unlocked.
