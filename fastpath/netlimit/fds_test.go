@@ -279,11 +279,7 @@ func (c *rawClient) expectRefused(h *harness) {
 	if n != 0 || err != nil {
 		c.t.Fatalf("refused connection: read %d bytes, %v; want the end of the stream", n, err)
 	}
-	select {
-	case accepted := <-h.accepted:
-		c.t.Fatalf("connection from %v was accepted as well", accepted.RemoteAddr())
-	default:
-	}
+	h.expectNoneAccepted()
 }
 
 // conn hands the socket over as a net.Conn (which takes a descriptor: call

@@ -374,6 +374,13 @@ func (h *harness) expectRefused(client net.Conn) {
 	if n != 0 || !errors.Is(err, io.EOF) {
 		h.t.Fatalf("refused connection from %v: read %d bytes, %v; want EOF", client.LocalAddr(), n, err)
 	}
+	h.expectNoneAccepted()
+}
+
+// expectNoneAccepted checks that Accept returned no connection since the
+// last one a test took.
+func (h *harness) expectNoneAccepted() {
+	h.t.Helper()
 	select {
 	case c := <-h.accepted:
 		h.t.Fatalf("connection from %v was accepted as well", c.RemoteAddr())
