@@ -162,7 +162,8 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
 			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
-			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
+			EnvelopeCache: envelopeCache(cfg.Mailbox.EnvelopeCache),
+			Metrics:       mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
 		})
 		if err != nil {
 			return nil, err
@@ -603,4 +604,13 @@ func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, service
 	}
 	lines[config.Agent] = line
 	return &agent.Keys{Store: st, Handler: h}, h.PublicKey(), nil
+}
+
+// envelopeCache maps RELAY_ENVELOPE_CACHE, where 0 keeps no cache, to
+// mailbox.Config.EnvelopeCache, where 0 is the default and negative none.
+func envelopeCache(bytes int) int {
+	if bytes == 0 {
+		return -1
+	}
+	return bytes
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/envcache"
 	"edgerelay/store"
 )
 
@@ -91,7 +92,10 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	// in flight was handled above): the usual, appending, case needs no
 	// lookup.
 	if d.Count > 0 && r.seq <= d.Last {
-		exists, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, func(stored []byte) { same = bytes.Equal(stored, env) })
+		same, exists = h.envs.Equal(envcache.Key{Epoch: m.epoch, Dir: r.dir, Seq: r.seq}, env)
+		if !exists {
+			exists, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, func(stored []byte) { same = bytes.Equal(stored, env) })
+		}
 		if err != nil {
 			m.mu.Unlock()
 			h.internal(ctx, err)
@@ -118,6 +122,7 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	d.reservedCount++
 	d.reservedBytes += len(env)
 	m.rec.LastActive = now
+	key := envcache.Key{Epoch: m.epoch, Dir: r.dir, Seq: r.seq}
 	var touch *store.MailboxRecord
 	prev := m.persisted
 	if now-m.persisted >= h.touchEvery() {
@@ -127,6 +132,10 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	m.mu.Unlock()
 
 	err = h.cfg.Store.Put(m.name, r.dir, r.seq, env, touch, prev)
+	if err == nil {
+		// Before the answer: a reader told of this envelope finds it here.
+		h.envs.Put(key, env)
+	}
 
 	m.mu.Lock()
 	done := d.inflight[r.seq]
@@ -158,20 +167,40 @@ func (h *Handler) reserve(ctx *fasthttp.RequestCtx, m *mailbox, r route, env []b
 	return fasthttp.StatusCreated, nil
 }
 
-// getOne is GET and HEAD of …/<dir>/<seq>.
+// getOne is GET and HEAD of …/<dir>/<seq>. What the direction's state in
+// memory settles is answered without a lookup: a sequence outside the
+// stored range (or pruned) is 404, and one inside a range with no gap is
+// stored. The rest is read from the envelope cache, then the store.
 func (h *Handler) getOne(ctx *fasthttp.RequestCtx, m *mailbox, r route, head bool) {
-	var found bool
-	var err error
-	if head {
-		found, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, nil)
-	} else {
-		var body []byte
-		// Setting an empty body takes fasthttp's pooled body buffer, so
-		// the envelope is copied into memory that is reused.
-		ctx.Response.SetBody(nil)
-		body, found, err = h.cfg.Store.AppendEnvelope(ctx.Response.Body()[:0], m.name, r.dir, r.seq)
-		if found {
-			ctx.Response.SetBody(body)
+	m.mu.Lock()
+	d, err := m.direction(h.cfg.Store, r.dir)
+	var inRange, noGap bool
+	if err == nil {
+		inRange = d.Count > 0 && r.seq >= d.First && r.seq <= d.Last && r.seq > d.Pruned
+		noGap = uint64(d.Count) == d.Last-d.First+1
+	}
+	key := envcache.Key{Epoch: m.epoch, Dir: r.dir, Seq: r.seq}
+	m.mu.Unlock()
+	found := inRange && head && noGap
+	if err == nil && inRange && !found {
+		if head {
+			if _, found = h.envs.Equal(key, nil); !found {
+				found, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, nil)
+			}
+		} else {
+			// Setting an empty body takes fasthttp's pooled body buffer,
+			// so the envelope is copied into memory that is reused.
+			ctx.Response.SetBody(nil)
+			var body []byte
+			if body, found = h.envs.Append(ctx.Response.Body()[:0], key); !found {
+				body, found, err = h.cfg.Store.AppendEnvelope(body, m.name, r.dir, r.seq)
+				if found {
+					h.envs.Put(key, body)
+				}
+			}
+			if found {
+				ctx.Response.SetBody(body)
+			}
 		}
 	}
 	switch {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/envcache"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/ws"
 	"edgerelay/store"
@@ -42,7 +43,11 @@ type Config struct {
 	PingInterval, SilenceTimeout time.Duration
 	// MaxBehind is how far a watcher may fall behind before 1013 (1 MiB).
 	MaxBehind int
-	Metrics   *Metrics
+	// EnvelopeCache is RELAY_ENVELOPE_CACHE: the bytes of recently
+	// stored and read envelopes kept in memory, so that reading one back
+	// skips Pebble's read path. 0 is DefaultEnvelopeCache; negative, none.
+	EnvelopeCache int
+	Metrics       *Metrics
 	// ICE configures the ice endpoint of apps that enable it.
 	ICE ICEConfig
 	// Push holds the loaded push modules.
@@ -58,11 +63,14 @@ type Config struct {
 
 // Handler serves the mailbox endpoints.
 type Handler struct {
-	cfg    Config
-	apps   map[string]*App
-	log    *slog.Logger
-	m      *Metrics
-	cache  *cache
+	cfg   Config
+	apps  map[string]*App
+	log   *slog.Logger
+	m     *Metrics
+	cache *cache
+	// envs holds copies of recent envelopes (nil: none), keyed by the
+	// mailbox's epoch.
+	envs   *envcache.Cache
 	limits *limits
 	group  ws.Group
 	// pushJobs queues wake-ups for the push senders (bounded).
@@ -78,6 +86,9 @@ const (
 	foregroundFor   = 45 * time.Second
 	minEnvelopeSize = 25
 )
+
+// DefaultEnvelopeCache is RELAY_ENVELOPE_CACHE's default: 32 MiB.
+const DefaultEnvelopeCache = 32 << 20
 
 // New returns a Handler.
 func New(cfg Config) (*Handler, error) {
@@ -111,6 +122,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
+	if cfg.EnvelopeCache == 0 {
+		cfg.EnvelopeCache = DefaultEnvelopeCache
+	}
+	envs := envcache.New(cfg.EnvelopeCache)
+	cfg.Metrics.envelopeCache.Store(envs)
 	lim, err := newLimits()
 	if err != nil {
 		return nil, err
@@ -122,7 +138,7 @@ func New(cfg Config) (*Handler, error) {
 		}
 		apps[name] = &a
 	}
-	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), limits: lim,
+	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), envs: envs, limits: lim,
 		pushJobs: make(chan pushJob, pushQueue)}, nil
 }
 
@@ -307,7 +323,7 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 	}
 	if expired {
 		h.waitInflight(m)
-		for _, c := range m.forget() {
+		for _, c := range m.forget(h.cache.nextEpoch()) {
 			c.Close(ws.CloseNormal, "mailbox expired")
 		}
 	}
@@ -320,6 +336,7 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 		return
 	}
 	m.exists, m.rec, m.persisted = true, rec, now
+	m.epoch = h.cache.nextEpoch()
 	for i := range m.dirs {
 		m.dirs[i].loaded = false
 	}
@@ -356,7 +373,7 @@ func (h *Handler) erase(ctx *fasthttp.RequestCtx, m *mailbox) {
 		h.internal(ctx, err)
 		return
 	}
-	conns := m.forget()
+	conns := m.forget(h.cache.nextEpoch())
 	m.mu.Unlock()
 	for _, c := range conns {
 		c.Close(ws.CloseNormal, "mailbox erased")

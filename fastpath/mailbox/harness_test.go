@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,6 +36,10 @@ type relay struct {
 	db    *store.DB
 	clock *clock
 	srv   *fasthttp.Server
+	// stop shuts the relay down and closes its store (once; the test's
+	// cleanup calls it too), so that a test can start another on the
+	// same data dir.
+	stop func()
 }
 
 type opts struct {
@@ -46,6 +51,8 @@ type opts struct {
 	ping, silence                    time.Duration
 	ice                              *mailbox.ICEConfig
 	push                             mailbox.Pushers
+	envelopeCache                    int // bytes; 0 the default, negative none
+	metrics                          *mailbox.Metrics
 }
 
 func start(t testing.TB, o opts) *relay {
@@ -74,6 +81,7 @@ func start(t testing.TB, o opts) *relay {
 		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle, TouchEvery: o.touchEvery,
 		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
 		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push, DetachSockets: true,
+		EnvelopeCache: o.envelopeCache, Metrics: o.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -87,14 +95,17 @@ func start(t testing.TB, o opts) *relay {
 	r := &relay{t: t, base: "http://" + ln.Addr().String(), ws: "ws://" + ln.Addr().String(), h: h, db: db, clock: c, srv: srv}
 	pushCtx, stopPushes := context.WithCancel(context.Background())
 	go h.SendPushes(pushCtx)
-	t.Cleanup(func() {
+	r.stop = sync.OnceFunc(func() {
 		stopPushes()
 		_ = srv.Shutdown()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = h.Drain(ctx)
-		_ = db.Close()
+		if err := db.Close(); err != nil {
+			t.Error(err)
+		}
 	})
+	t.Cleanup(r.stop)
 	return r
 }
 

@@ -1,6 +1,12 @@
 package mailbox
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"edgerelay/fastpath/envcache"
+)
 
 // Metrics are the mailbox relay's Prometheus series; no label holds a
 // mailbox id, app-independent counts only.
@@ -13,6 +19,9 @@ type Metrics struct {
 	signalSockets    prometheus.Gauge
 	signalFrames     prometheus.Counter
 	pushes           *prometheus.CounterVec
+	// envelopeCache is the handler's cache, read at scrape time (the
+	// series are created before the handler that owns the cache).
+	envelopeCache atomic.Pointer[envcache.Cache]
 }
 
 // NewMetrics creates the series and registers them with reg (nil: unregistered).
@@ -27,8 +36,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		signalFrames:     prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_signal_frames_total", Help: "Signal frames forwarded."}),
 		pushes:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgerelay_mailbox_pushes_total", Help: "Push wake-ups by outcome."}, []string{"outcome"}),
 	}
+	stat := func(f func(envcache.Stats) float64) func() float64 {
+		return func() float64 { return f(m.envelopeCache.Load().Stats()) }
+	}
+	cacheHits := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelope_cache_hits_total",
+		Help: "Envelope reads (GET, HEAD, a retried PUT) answered from the envelope cache."},
+		stat(func(s envcache.Stats) float64 { return float64(s.Hits) }))
+	cacheMisses := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelope_cache_misses_total",
+		Help: "Envelope reads that went to the store."},
+		stat(func(s envcache.Stats) float64 { return float64(s.Misses) }))
+	cacheBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgerelay_mailbox_envelope_cache_bytes",
+		Help: "Envelope bytes the envelope cache holds (RELAY_ENVELOPE_CACHE bounds it)."},
+		stat(func(s envcache.Stats) float64 { return float64(s.Bytes) }))
 	if reg != nil {
-		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes)
+		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes,
+			cacheHits, cacheMisses, cacheBytes)
 	}
 	return m
 }

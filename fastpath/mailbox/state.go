@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 
 	"edgerelay/fastpath/ws"
 	"edgerelay/store"
@@ -17,6 +18,11 @@ import (
 type mailbox struct {
 	name string
 	key  uint64 // hash of name, for the rate-limit buckets
+	// epoch names this incarnation of the mailbox in the envelope cache:
+	// a new one is drawn when the mailbox is created or forgotten, so
+	// that no cached envelope outlives an erase or an expiry (mu held to
+	// read or change it).
+	epoch uint64
 
 	mu     sync.Mutex
 	loaded bool
@@ -76,6 +82,7 @@ func dirIndex(d byte) int {
 type cache struct {
 	seed   maphash.Seed
 	shards [64]cacheShard
+	epochs atomic.Uint64
 }
 
 type cacheShard struct {
@@ -99,12 +106,15 @@ func (c *cache) get(name []byte) *mailbox {
 	s.mu.Lock()
 	m := s.m[string(name)]
 	if m == nil {
-		m = &mailbox{name: string(name), key: h}
+		m = &mailbox{name: string(name), key: h, epoch: c.nextEpoch()}
 		s.m[m.name] = m
 	}
 	s.mu.Unlock()
 	return m
 }
+
+// nextEpoch draws a mailbox epoch never drawn before.
+func (c *cache) nextEpoch() uint64 { return c.epochs.Add(1) }
 
 // evictIdle drops mailboxes nobody has used since before cutoff and that
 // have no watcher or write in flight, so memory stays bounded under churn.
@@ -178,9 +188,11 @@ func (m *mailbox) direction(log *store.EnvelopeLog, dir byte) (*direction, error
 	return d, nil
 }
 
-// forget resets the in-memory state after an erase or expiry (mu held) and
-// returns the sockets to close.
-func (m *mailbox) forget() []*ws.Conn {
+// forget resets the in-memory state after an erase or expiry (mu held),
+// moving to epoch so that the envelopes cached under the old one are
+// never answered again, and returns the sockets to close.
+func (m *mailbox) forget(epoch uint64) []*ws.Conn {
+	m.epoch = epoch
 	var conns []*ws.Conn
 	for i := range m.dirs {
 		for _, w := range m.dirs[i].watchers {

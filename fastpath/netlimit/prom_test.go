@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"edgerelay/fastpath/promtest"
 )
 
 func TestPromMetricsSharedAcrossServices(t *testing.T) {
@@ -39,7 +41,7 @@ func TestPromMetricsSharedAcrossServices(t *testing.T) {
 		{"agent", ReasonFDs, 1},
 		{"agent", "other", 1},
 	} {
-		got, ok := gather(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": tc.service, "reason": tc.reason})
+		got, ok := promtest.Value(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": tc.service, "reason": tc.reason})
 		if !ok || got != tc.want {
 			t.Errorf("refused{service=%s,reason=%s} = %v (present %v), want %v", tc.service, tc.reason, got, ok, tc.want)
 		}
@@ -62,45 +64,14 @@ func TestPromMetricsFromListener(t *testing.T) {
 
 	c := h.expectAccepted(h.dial("127.0.0.1"))
 	h.expectRefused(h.dial("127.0.0.1"))
-	if got, _ := gather(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": "channel", "reason": ReasonTotal}); got != 1 {
+	if got, _ := promtest.Value(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": "channel", "reason": ReasonTotal}); got != 1 {
 		t.Errorf("refused total = %v, want 1", got)
 	}
-	if got, _ := gather(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 1 {
+	if got, _ := promtest.Value(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 1 {
 		t.Errorf("open connections = %v, want 1", got)
 	}
 	c.Close()
-	if got, _ := gather(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 0 {
+	if got, _ := promtest.Value(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 0 {
 		t.Errorf("open connections after close = %v, want 0", got)
 	}
-}
-
-// gather returns the value of the counter or gauge name whose labels are
-// exactly labels.
-func gather(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, lp := range m.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue metrics
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue(), true
-			}
-			return m.GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
 }

@@ -67,6 +67,7 @@ type MailboxConfig struct {
 	MaxEnvelope    int           // RELAY_MAX_ENVELOPE, bytes
 	MaxStored      int           // RELAY_MAX_STORED, envelopes per direction
 	MaxStoredBytes int           // RELAY_MAX_STORED_BYTES, per direction
+	EnvelopeCache  int           // RELAY_ENVELOPE_CACHE, bytes; 0: none
 }
 
 // TURNConfig configures the TURN server and the credentials the mailbox
@@ -205,6 +206,7 @@ func (v *Values) Config() (Config, error) {
 	}
 	c.TURN.AllowPeers, _ = parseCIDRs(v.String(EnvTURNAllowPeers))
 	c.Gateway.DailyBudget, c.Gateway.Metered = v.OptionalInt(EnvPushDailyBudget)
+	c.Mailbox.EnvelopeCache, _ = v.OptionalInt(EnvEnvelopeCache) // empty: none, like 0
 
 	if c.DataDir == "" {
 		errs = append(errs, fmt.Errorf("%s is empty: the server needs a data directory", EnvDataDir))

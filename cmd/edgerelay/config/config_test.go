@@ -107,7 +107,7 @@ func TestDefaults(t *testing.T) {
 			HeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 8192,
 		}},
 		{"Mailbox", c.Mailbox, config.MailboxConfig{
-			Idle: 720 * time.Hour, MaxEnvelope: 65536, MaxStored: 4096, MaxStoredBytes: 32 << 20,
+			Idle: 720 * time.Hour, MaxEnvelope: 65536, MaxStored: 4096, MaxStoredBytes: 32 << 20, EnvelopeCache: 32 << 20,
 		}},
 		{"TURN.Realm", c.TURN.Realm, "edgerelay"},
 		{"TURN.Secret", c.TURN.Secret.Reveal(), ""},

@@ -200,6 +200,8 @@ func table() []Setting {
 		"Most envelopes stored per mailbox direction; a full direction answers 507.")
 	add(GroupMailbox, EnvMaxStoredBytes, KindInt, "33554432",
 		"Most envelope bytes stored per mailbox direction (32 MiB); a full direction answers 507.")
+	add(GroupMailbox, EnvEnvelopeCache, KindOptionalInt, "33554432",
+		"Memory in bytes for copies of recently stored and read envelopes (32 MiB), so that reading one back skips the store's read path; 0 keeps none.")
 
 	add(GroupPush, EnvAPNsKeyFile, KindString, "",
 		"APNs token-signing key file (.p8).")
@@ -272,6 +274,7 @@ const (
 	EnvMaxEnvelope        = "RELAY_MAX_ENVELOPE"
 	EnvMaxStored          = "RELAY_MAX_STORED"
 	EnvMaxStoredBytes     = "RELAY_MAX_STORED_BYTES"
+	EnvEnvelopeCache      = "RELAY_ENVELOPE_CACHE"
 	EnvAPNsKeyFile        = "RELAY_APNS_KEY_FILE"
 	EnvAPNsKeyID          = "RELAY_APNS_KEY_ID"
 	EnvAPNsTeamID         = "RELAY_APNS_TEAM_ID"
