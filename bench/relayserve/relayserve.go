@@ -190,6 +190,7 @@ func Mailbox(addr string, h *mailbox.Handler) (*Relay, error) {
 		Handler:           h.ServeHTTP,
 		KeepHijackedConns: true,
 		MaxBodyBytes:      65536 + 4096, // the spec's largest envelope, and room
+		WriteBufferSize:   mailbox.WriteBufferSize,
 		Drain:             h.Drain,
 	})
 }

@@ -174,6 +174,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		svc := r.service(string(config.Mailbox), l, h.ServeHTTP, h.Drain)
 		svc.MaxBodyBytes = cfg.Mailbox.MaxEnvelope + 4096
 		svc.KeepHijackedConns = true
+		svc.WriteBufferSize = mailbox.WriteBufferSize
 		svc.ErrorHandler = h.ServeError
 		services = append(services, svc)
 		names := make([]string, 0, len(apps))

@@ -90,6 +90,13 @@ const (
 // DefaultEnvelopeCache is RELAY_ENVELOPE_CACHE's default: 32 MiB.
 const DefaultEnvelopeCache = 32 << 20
 
+// WriteBufferSize is the mailbox listener's answer buffer (see
+// server.Service): 16 answers of 1 KiB envelopes to pipelined GETs leave
+// in two writes instead of five with fasthttp's 4 KiB, which took a GET
+// from 3.7 to 2.5 µs of server CPU (pinnedcompare, 16 pipelined). An
+// idle keep-alive connection holds it; a watch socket, hijacked, does not.
+const WriteBufferSize = 16 << 10
+
 // New returns a Handler.
 func New(cfg Config) (*Handler, error) {
 	if cfg.Log == nil {

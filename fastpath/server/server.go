@@ -37,6 +37,10 @@ type Service struct {
 	MaxHeaderBytes int
 	// MaxBodyBytes bounds request bodies; larger is 413.
 	MaxBodyBytes int
+	// WriteBufferSize sizes the buffer answers are written through (0:
+	// fasthttp's 4 KiB). Answers to pipelined requests collect in it and
+	// go out in one write when it fills or the pipeline is drained.
+	WriteBufferSize int
 	// Drain closes the service's long-lived sockets (WebSockets with 1001)
 	// and waits for them; nil when the service has none.
 	Drain func(ctx context.Context) error
@@ -79,6 +83,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		ReadTimeout:                   svc.HeaderTimeout,
 		IdleTimeout:                   svc.IdleTimeout,
 		ReadBufferSize:                svc.MaxHeaderBytes,
+		WriteBufferSize:               svc.WriteBufferSize,
 		MaxRequestBodySize:            svc.MaxBodyBytes,
 		NoDefaultServerHeader:         true,
 		NoDefaultDate:                 false,
