@@ -115,8 +115,8 @@ func (w *discardWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// BenchmarkServeHTTP calls each handler directly for HEAD of a direction
-// and GET of one envelope: ours with a reused RequestCtx, as fasthttp's
+// BenchmarkServeHTTP calls each handler directly for HEAD of a direction,
+// GET of one envelope and HEAD of one envelope: ours with a reused RequestCtx, as fasthttp's
 // server reuses one per connection; the baseline with a reused request
 // and a writer that keeps nothing (net/http's own per-request cost left
 // out). The report reads ns/op and allocs/op from here.
@@ -127,6 +127,10 @@ func BenchmarkServeHTTP(b *testing.B) {
 		b.Run(slug+"/ours", func(b *testing.B) { benchOp(b, newOurCall(h, kind, uri).do) })
 		b.Run(slug+"/baseline", func(b *testing.B) { benchOp(b, baselineDirectOp(bh, kind, uri)) })
 	}
+	// HEAD of one envelope: GET's path with HEAD's method.
+	uri := readURI(kindGet, 0, 1)
+	b.Run("head-envelope/ours", func(b *testing.B) { benchOp(b, newOurCall(h, kindHead, uri).do) })
+	b.Run("head-envelope/baseline", func(b *testing.B) { benchOp(b, baselineDirectOp(bh, kindHead, uri)) })
 }
 
 func benchOp(b *testing.B, op func() error) {
