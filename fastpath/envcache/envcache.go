@@ -1,5 +1,5 @@
-// Package envcache keeps copies of recently stored envelopes in a fixed
-// amount of memory, so that reading one back skips Pebble's read path: a
+// Package envcache keeps copies of envelopes in a fixed amount of memory,
+// so that reading one again skips Pebble's read path: a
 // Pebble Get of a present key costs 0.8 to 1.8 µs in its iterator
 // machinery (memtable or sstables), several times the rest of a GET.
 //

@@ -102,7 +102,7 @@ func (h *Handler) ExpireIdle(now int64) int {
 		if err := h.cfg.Store.DropIdle(at, name); err != nil {
 			h.log.Error("idle index cleanup failed", "err", err)
 		}
-		conns := m.forget(h.cache.nextEpoch())
+		conns := m.forget()
 		m.mu.Unlock()
 		for _, c := range conns {
 			c.Close(ws.CloseNormal, "mailbox expired")

@@ -43,9 +43,9 @@ type Config struct {
 	PingInterval, SilenceTimeout time.Duration
 	// MaxBehind is how far a watcher may fall behind before 1013 (1 MiB).
 	MaxBehind int
-	// EnvelopeCache is RELAY_ENVELOPE_CACHE: the bytes of recently
-	// stored and read envelopes kept in memory, so that reading one back
-	// skips Pebble's read path. 0 is DefaultEnvelopeCache; negative, none.
+	// EnvelopeCache is RELAY_ENVELOPE_CACHE: the bytes of recently read
+	// envelopes kept in memory, so that reading one again skips Pebble's
+	// read path. 0 is DefaultEnvelopeCache; negative, none.
 	EnvelopeCache int
 	Metrics       *Metrics
 	// ICE configures the ice endpoint of apps that enable it.
@@ -330,7 +330,7 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 	}
 	if expired {
 		h.waitInflight(m)
-		for _, c := range m.forget(h.cache.nextEpoch()) {
+		for _, c := range m.forget() {
 			c.Close(ws.CloseNormal, "mailbox expired")
 		}
 	}
@@ -380,7 +380,7 @@ func (h *Handler) erase(ctx *fasthttp.RequestCtx, m *mailbox) {
 		h.internal(ctx, err)
 		return
 	}
-	conns := m.forget(h.cache.nextEpoch())
+	conns := m.forget()
 	m.mu.Unlock()
 	for _, c := range conns {
 		c.Close(ws.CloseNormal, "mailbox erased")

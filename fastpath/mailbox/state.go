@@ -19,9 +19,9 @@ type mailbox struct {
 	name string
 	key  uint64 // hash of name, for the rate-limit buckets
 	// epoch names this incarnation of the mailbox in the envelope cache:
-	// a new one is drawn when the mailbox is created or forgotten, so
-	// that no cached envelope outlives an erase or an expiry (mu held to
-	// read or change it).
+	// a claim that creates the mailbox draws a new one, so that no cached
+	// envelope outlives an erase or an expiry (mu held to read or change
+	// it).
 	epoch uint64
 
 	mu     sync.Mutex
@@ -188,11 +188,10 @@ func (m *mailbox) direction(log *store.EnvelopeLog, dir byte) (*direction, error
 	return d, nil
 }
 
-// forget resets the in-memory state after an erase or expiry (mu held),
-// moving to epoch so that the envelopes cached under the old one are
-// never answered again, and returns the sockets to close.
-func (m *mailbox) forget(epoch uint64) []*ws.Conn {
-	m.epoch = epoch
+// forget resets the in-memory state after an erase or expiry (mu held) and
+// returns the sockets to close. (The claim that creates the mailbox anew
+// draws its new epoch.)
+func (m *mailbox) forget() []*ws.Conn {
 	var conns []*ws.Conn
 	for i := range m.dirs {
 		for _, w := range m.dirs[i].watchers {

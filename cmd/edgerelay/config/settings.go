@@ -201,7 +201,7 @@ func table() []Setting {
 	add(GroupMailbox, EnvMaxStoredBytes, KindInt, "33554432",
 		"Most envelope bytes stored per mailbox direction (32 MiB); a full direction answers 507.")
 	add(GroupMailbox, EnvEnvelopeCache, KindOptionalInt, "33554432",
-		"Memory in bytes for copies of recently stored and read envelopes (32 MiB), so that reading one back skips the store's read path; 0 keeps none.")
+		"Memory in bytes for copies of recently read envelopes (32 MiB), so that reading one again skips the store's read path; 0 keeps none.")
 
 	add(GroupPush, EnvAPNsKeyFile, KindString, "",
 		"APNs token-signing key file (.p8).")
