@@ -423,12 +423,17 @@ func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error
 // flight per connection.
 type readLoad struct{ kind, depth int }
 
-// readLoads are the read figures in report order: HEAD and GET one
-// request at a time, then pipelined.
+// readLoads are the read figures in report order: every kind one request
+// at a time, then pipelined.
 func (b *pinnedBench) readLoads() []readLoad {
-	loads := []readLoad{{kindHead, 1}, {kindGet, 1}}
+	var loads []readLoad
+	for kind := range kindCount {
+		loads = append(loads, readLoad{kind, 1})
+	}
 	if b.o.Pipeline > 1 {
-		loads = append(loads, readLoad{kindHead, b.o.Pipeline}, readLoad{kindGet, b.o.Pipeline})
+		for kind := range kindCount {
+			loads = append(loads, readLoad{kind, b.o.Pipeline})
+		}
 	}
 	return loads
 }
@@ -442,7 +447,7 @@ func (l readLoad) name() string {
 
 // slug names the load in profile files: "head", "get-p16", …
 func (l readLoad) slug() string {
-	s := [2]string{"head", "get"}[l.kind]
+	s := [kindCount]string{"head", "get", "head-envelope"}[l.kind]
 	if l.depth > 1 {
 		s += fmt.Sprintf("-p%d", l.depth)
 	}

@@ -62,18 +62,19 @@ func TestComparePinnedSmoke(t *testing.T) {
 			t.Errorf("%s: wall ratio %v", f.Name, f.WallRatio)
 		}
 	}
-	want := "HEAD of a direction|GET of one envelope|HEAD of a direction|GET of one envelope|PUT synced, 4 writers"
+	reads := "HEAD of a direction|GET of one envelope|HEAD of one envelope|"
+	want := reads + reads + "PUT synced, 4 writers"
 	if got := strings.Join(names, "|"); got != want {
 		t.Errorf("figures %s, want %s", got, want)
 	}
-	for i, depth := range []int{1, 1, 3, 3} {
+	for i, depth := range []int{1, 1, 1, 3, 3, 3} {
 		if rep.Figures[i].Depth != depth {
 			t.Errorf("figure %d (%s): depth %d, want %d", i, rep.Figures[i].Name, rep.Figures[i].Depth, depth)
 		}
 	}
-	// Both sides of each of the five figures, and the PUT floor's.
-	if len(rep.Profiles) != 11 {
-		t.Errorf("%d profiles, want 11 (warnings %q)", len(rep.Profiles), rep.Warnings)
+	// Both sides of each of the seven figures, and the PUT floor's.
+	if len(rep.Profiles) != 15 {
+		t.Errorf("%d profiles, want 15 (warnings %q)", len(rep.Profiles), rep.Warnings)
 	}
 	for _, p := range rep.Profiles {
 		if fi, err := os.Stat(p.File); err != nil || fi.Size() == 0 || filepath.Dir(p.File) != profiles {
@@ -94,20 +95,20 @@ func TestComparePinnedSmoke(t *testing.T) {
 	md := rep.Markdown()
 	// Two rows per figure, and a floor's after each HEAD and PUT figure.
 	lines := strings.Split(md, "\n")
-	if len(lines) != 14 {
-		t.Errorf("%d rows, want 13:\n%s", len(lines)-1, md)
+	if len(lines) != 18 {
+		t.Errorf("%d rows, want 17:\n%s", len(lines)-1, md)
 	} else {
-		for _, i := range []int{2, 7, 12} {
+		for _, i := range []int{2, 9, 16} {
 			if !strings.HasPrefix(lines[i], "| HTTP floor for the ") {
 				t.Errorf("row %d is not a floor's: %.80s", i+1, lines[i])
 			}
 		}
-		if !strings.Contains(lines[5], "3 requests pipelined") {
-			t.Errorf("row 6 is not the pipelined HEAD's: %.200s", lines[5])
+		if !strings.Contains(lines[7], "3 requests pipelined") {
+			t.Errorf("row 8 is not the pipelined HEAD's: %.200s", lines[7])
 		}
 		// Reads run RoundTime rounds, PUTs PutRoundTime ones.
-		if !strings.Contains(lines[0], "rounds of 100ms") || !strings.Contains(lines[10], "rounds of 150ms") || !strings.Contains(lines[12], "rounds of 150ms") {
-			t.Errorf("round times: HEAD row %.300s; PUT row %.300s", lines[0], lines[10])
+		if !strings.Contains(lines[0], "rounds of 100ms") || !strings.Contains(lines[14], "rounds of 150ms") || !strings.Contains(lines[16], "rounds of 150ms") {
+			t.Errorf("round times: HEAD row %.300s; PUT row %.300s", lines[0], lines[14])
 		}
 	}
 	for line := range strings.Lines(md) {

@@ -89,15 +89,20 @@ type ReadReport struct {
 	Figures []ReadFigure
 }
 
-// The two kinds of request, in the order of ReadReport.Figures.
+// The kinds of request, in the order of ReadReport.Figures.
 const (
-	kindHead = iota // HEAD …/p2c
-	kindGet         // GET …/p2c/<seq>
+	kindHead         = iota // HEAD …/p2c
+	kindGet                 // GET …/p2c/<seq>
+	kindHeadEnvelope        // HEAD …/p2c/<seq>
+	kindCount
 )
 
-var kindNames = [2]string{"HEAD of a direction", "GET of one envelope"}
+var kindNames = [kindCount]string{"HEAD of a direction", "GET of one envelope", "HEAD of one envelope"}
 
-// CompareReads measures HEAD of a direction and GET of one envelope on our
+// isHead reports whether a kind's requests are HEADs (no body answered).
+func isHead(kind int) bool { return kind != kindGet }
+
+// CompareReads measures HEAD of a direction, GET and HEAD of one envelope on our
 // handler and on the net/http baseline, both serving the same Pebble store
 // on loopback, driven by the same minimal client with Conns requests in
 // flight.
@@ -123,10 +128,10 @@ func CompareReads(ctx context.Context, o ReadOptions) (rep ReadReport, err error
 	}
 	defer func() { err = errors.Join(err, rig.close()) }()
 
-	// One round runs both kinds on one side, so each side's HEAD and GET
+	// One round runs every kind on one side, so each side's HEAD and GET
 	// figures come from the same stretch of machine time.
-	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([2]float64, error) {
-		var rates [2]float64
+	runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) ([kindCount]float64, error) {
+		var rates [kindCount]float64
 		for kind := range rates {
 			runtime.GC()
 			rate, err := load(ctx, o.RoundTime, o.Conns, func(w int) func() error { return rig.op(side, kind, w) })
@@ -142,7 +147,7 @@ func CompareReads(ctx context.Context, o ReadOptions) (rep ReadReport, err error
 		return ReadReport{}, err
 	}
 	rep.Options = o
-	for kind := range 2 {
+	for kind := range kindCount {
 		f := ReadFigure{Name: kindNames[kind]}
 		for i := range runs[0] {
 			f.Ours = append(f.Ours, runs[0][i][kind])
@@ -228,10 +233,10 @@ func (r *readRig) op(side, kind, w int) func() error {
 }
 
 // readURI is the URI path of one request: HEAD of mailbox i's p2c
-// direction, or GET of its envelope seq.
+// direction, or GET or HEAD of its envelope seq.
 func readURI(kind, i, seq int) string {
 	p := mailboxPath(i) + "/p2c"
-	if kind == kindGet {
+	if kind != kindHead {
 		p += "/" + strconv.Itoa(seq)
 	}
 	return p
@@ -259,7 +264,7 @@ func readURI(kind, i, seq int) string {
 // The requests are made in advance so that the client allocates nothing.
 func readOp(c *rawClient, addr string, kind, w, depth int, o ReadOptions) func() error {
 	method := "HEAD"
-	if kind == kindGet {
+	if !isHead(kind) {
 		method = "GET"
 	}
 	var reqs [][]byte
@@ -288,7 +293,7 @@ func readOp(c *rawClient, addr string, kind, w, depth int, o ReadOptions) func()
 			return err
 		}
 		for range depth {
-			status, body, err := c.response(kind == kindHead)
+			status, body, err := c.response(isHead(kind))
 			switch {
 			case err != nil:
 				return err
@@ -302,21 +307,22 @@ func readOp(c *rawClient, addr string, kind, w, depth int, o ReadOptions) func()
 	}
 }
 
-// sameAnswers checks that both relays answer a HEAD and a GET right, so
+// sameAnswers checks that both relays answer each kind of read right, so
 // that neither side is measured doing less than the spec asks.
 func sameAnswers(relays [2]*relay, o ReadOptions) error {
-	want := [2]string{
+	want := [kindCount]string{
 		fmt.Sprintf("200 first=1 last=%d count=%d", o.Stored, o.Stored),
 		fmt.Sprintf("200 type=application/octet-stream body=%x", envelope(nil, 1, o.EnvelopeSize)),
+		"200 type=application/octet-stream body=",
 	}
 	for _, r := range relays {
 		c := newClient(r.addr, 1)
-		for kind := range 2 {
+		for kind := range kindCount {
 			var req fasthttp.Request
 			var resp fasthttp.Response
 			req.SetRequestURI("http://" + c.Addr + readURI(kind, 0, 1))
 			req.Header.Set("Authorization", "Bearer "+token)
-			if kind == kindHead {
+			if isHead(kind) {
 				req.Header.SetMethod(fasthttp.MethodHead)
 			}
 			if err := c.Do(&req, &resp); err != nil {

@@ -25,8 +25,9 @@ func TestCompareReadsSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", out.String())
-	if len(rep.Figures) != 2 || rep.Figures[0].Name != kindNames[kindHead] || rep.Figures[1].Name != kindNames[kindGet] {
-		t.Fatalf("figures %+v, want HEAD then GET", rep.Figures)
+	if len(rep.Figures) != kindCount || rep.Figures[kindHead].Name != kindNames[kindHead] || rep.Figures[kindGet].Name != kindNames[kindGet] ||
+		rep.Figures[kindHeadEnvelope].Name != kindNames[kindHeadEnvelope] {
+		t.Fatalf("figures %+v, want every kind in order", rep.Figures)
 	}
 	for _, f := range rep.Figures {
 		if len(f.Ours) != 2 || len(f.Baseline) != 2 || f.OursMedian <= 0 || f.BaselineMedian <= 0 ||
@@ -34,9 +35,9 @@ func TestCompareReadsSmall(t *testing.T) {
 			t.Errorf("implausible figure %+v", f)
 		}
 	}
-	// Three rounds of two kinds per side.
-	if got := strings.Count(out.String(), "\n"); got != 12 {
-		t.Errorf("%d progress lines, want 12", got)
+	// Three rounds of every kind per side.
+	if got, want := strings.Count(out.String(), "\n"), 3*kindCount*2; got != want {
+		t.Errorf("%d progress lines, want %d", got, want)
 	}
 }
 

@@ -56,7 +56,7 @@ func runMailbox(ctx context.Context, s settings, bins servers, progress io.Write
 
 func mailboxInfo(s settings, m mailboxResults) string {
 	o := m.pinned.Options
-	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v (PUT %v), alternated; HEAD and GET over %d connections, one request at a time and %d pipelined; "+
+	return fmt.Sprintf("%d rounds per side and figure (first dropped) of %v (PUT %v), alternated; HEAD of a direction, GET and HEAD of one envelope over %d connections, one request at a time and %d pipelined; "+
 		"PUTs of %d B envelopes by %d and %d writers against raw Pebble and an HTTP floor; "+
 		"ours and the Pebble writers with GOMAXPROCS=%d as serve runs (store.EnsureProcs), the net/http baseline and the HEAD floor "+
 		"with Go's default, 1 on their core (their fastest); %s; %s idle watch sockets per server",
