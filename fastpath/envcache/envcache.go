@@ -170,6 +170,12 @@ func (c *Cache) Append(dst []byte, k Key) ([]byte, bool) {
 	return dst, sl != nil
 }
 
+// Has reports whether k is held.
+func (c *Cache) Has(k Key) bool {
+	_, known := c.Equal(k, nil)
+	return known
+}
+
 // Equal reports whether k is held (known) and, if so, whether its bytes
 // equal env.
 func (c *Cache) Equal(k Key, env []byte) (equal, known bool) {

@@ -53,6 +53,9 @@ func TestAKeyKeepsItsFirstBytes(t *testing.T) {
 	if got, _ := c.Append(nil, k); string(got) != "first" {
 		t.Fatalf("got %q", got)
 	}
+	if !c.Has(k) || c.Has(Key{Epoch: 2, Seq: 1}) {
+		t.Error("Has")
+	}
 	if eq, known := c.Equal(k, []byte("first")); !eq || !known {
 		t.Error("Equal(first) false")
 	}

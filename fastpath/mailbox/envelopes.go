@@ -183,7 +183,7 @@ func (h *Handler) getOne(ctx *fasthttp.RequestCtx, m *mailbox, r route, head boo
 	found := inRange && head && noGap
 	if err == nil && inRange && !found {
 		if head {
-			if _, found = h.envs.Equal(key, nil); !found {
+			if found = h.envs.Has(key); !found {
 				found, err = h.cfg.Store.Envelope(m.name, r.dir, r.seq, nil)
 			}
 		} else {
