@@ -71,6 +71,10 @@ type PinnedOptions struct {
 	// and the HEAD floor with the runtime's default, one on one pinned
 	// core, which is their fastest.
 	ServerGOMAXPROCS int
+	// EnvelopeCache is our relay's envelope cache in bytes: 0 the
+	// default, as serve runs; negative none, so that every GET of the
+	// reads is a first read through Pebble.
+	EnvelopeCache int
 	// Progress, when not nil, gets one line per measurement.
 	Progress io.Writer
 }
@@ -338,7 +342,8 @@ func (b *pinnedBench) start(ctx context.Context, relayName, dir string, args ...
 // answering HEADs then GETs.
 func (b *pinnedBench) reads(ctx context.Context) (figs []PinnedFigure, err error) {
 	o := b.o
-	seedArgs := []string{"-mailboxes", strconv.Itoa(o.Mailboxes), "-stored", strconv.Itoa(o.Stored), "-size", strconv.Itoa(o.EnvelopeSize)}
+	seedArgs := []string{"-mailboxes", strconv.Itoa(o.Mailboxes), "-stored", strconv.Itoa(o.Stored), "-size", strconv.Itoa(o.EnvelopeSize),
+		"-envelope-cache", strconv.Itoa(o.EnvelopeCache)}
 	procs, err := serverproc.StartPair(func(name string) (*serverproc.Proc, error) {
 		return b.start(ctx, name, filepath.Join(b.dataDir, "reads-"+name), seedArgs...)
 	})

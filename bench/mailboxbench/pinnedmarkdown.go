@@ -42,6 +42,9 @@ func (r PinnedReport) Rows() []benchfmt.Row {
 	} else {
 		where += fmt.Sprintf(", ours and the Pebble writers with GOMAXPROCS=%d as the relay runs, net/http with Go's default of 1", store.MinProcs)
 	}
+	if o.EnvelopeCache < 0 {
+		where += ", ours with its envelope cache off (every GET a first read through Pebble)"
+	}
 	median := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.RoundTime)
 	putMedian := fmt.Sprintf("median of %d rounds of %v", o.Rounds-1, o.PutRoundTime)
 	for _, f := range r.Figures {

@@ -34,6 +34,9 @@ type ServeOptions struct {
 	// Stored envelopes of EnvelopeSize bytes put into each one's p2c
 	// direction, before "ready" is written.
 	Mailboxes, Stored, EnvelopeSize int
+	// EnvelopeCache is ours' mailbox.Config.EnvelopeCache (0: the
+	// default, as serve runs; negative: none, every GET a first read).
+	EnvelopeCache int
 	// CPUProfile and MaxLife are serverproc.ServeOptions'.
 	CPUProfile string
 	MaxLife    time.Duration
@@ -92,7 +95,7 @@ func ServePinned(c ServeOptions, in io.Reader, out io.Writer) (err error) {
 		}
 		var r *relay
 		if c.Relay == "ours" {
-			r, _, err = startOurs(c.Listen, log, clock.Now)
+			r, _, err = startOurs(c.Listen, log, clock.Now, c.EnvelopeCache)
 		} else {
 			r, _, err = startBaseline(c.Listen, log, clock.Now)
 		}

@@ -173,7 +173,7 @@ func newPutRig(dir string, writers, size int) (rig *putRig, err error) {
 	if err := seed(log, clock.Now, writers, 0, 0); err != nil {
 		return rig, err
 	}
-	if rig.ours, _, err = startOurs(loopback, log, clock.Now); err != nil {
+	if rig.ours, _, err = startOurs(loopback, log, clock.Now, 0); err != nil {
 		return rig, err
 	}
 	rig.client = newClient(rig.ours.addr, writers)

@@ -187,7 +187,7 @@ func newReadRig(dir string, o ReadOptions) (rig *readRig, err error) {
 	if err := seed(log, clock.Now, o.Mailboxes, o.Stored, o.EnvelopeSize); err != nil {
 		return rig, err
 	}
-	if rig.relays[0], _, err = startOurs(loopback, log, clock.Now); err != nil {
+	if rig.relays[0], _, err = startOurs(loopback, log, clock.Now, 0); err != nil {
 		return rig, err
 	}
 	if rig.relays[1], _, err = startBaseline(loopback, log, clock.Now); err != nil {

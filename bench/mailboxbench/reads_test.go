@@ -177,7 +177,7 @@ func startForTest(t *testing.T, impl string) *relay {
 	clock := newStepClock()
 	var r *relay
 	if impl == "ours" {
-		r, _, err = startOurs(loopback, log, clock.Now)
+		r, _, err = startOurs(loopback, log, clock.Now, 0)
 	} else {
 		r, _, err = startBaseline(loopback, log, clock.Now)
 	}

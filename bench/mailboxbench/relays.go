@@ -118,9 +118,13 @@ const loopback = relayserve.Loopback
 
 // startOurs serves, on addr, our handler as the binary does
 // (relayserve.Mailbox: fastpath/server with the binary's buffer sizes,
-// timeouts and JSON error answers, and no connection caps).
-func startOurs(addr string, log *store.EnvelopeLog, now func() time.Time) (*relay, *mailbox.Handler, error) {
-	h, err := mailbox.New(ourConfig(log, now))
+// timeouts and JSON error answers, and no connection caps), with an
+// envelope cache of envelopeCache bytes (mailbox.Config.EnvelopeCache:
+// 0 the default, negative none).
+func startOurs(addr string, log *store.EnvelopeLog, now func() time.Time, envelopeCache int) (*relay, *mailbox.Handler, error) {
+	cfg := ourConfig(log, now)
+	cfg.EnvelopeCache = envelopeCache
+	h, err := mailbox.New(cfg)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -47,7 +47,7 @@ func ServeWatchmem(impl string, in io.Reader, out io.Writer, maxLife time.Durati
 	switch impl {
 	case "ours":
 		var h *mailbox.Handler
-		if r, h, err = startOurs(loopback, log, time.Now); err == nil {
+		if r, h, err = startOurs(loopback, log, time.Now, 0); err == nil {
 			open = h.Open
 		}
 	case "baseline":

@@ -5,7 +5,7 @@
 // read from /proc, is the server's alone.
 //
 //	mailboxserve -relay ours|baseline|floor|floorput|pebble -dir DIR [-listen 127.0.0.1:0]
-//	             [-mailboxes N -stored N -size BYTES] [-cpuprofile FILE] [-max-life 30m]
+//	             [-mailboxes N -stored N -size BYTES] [-envelope-cache BYTES] [-cpuprofile FILE] [-max-life 30m]
 //
 // ours is fastpath/mailbox served by fastpath/server as the binary serves
 // it; baseline is bench/baseline/mailbox on net/http; floor answers
@@ -37,6 +37,7 @@ func main() {
 	flag.IntVar(&c.Mailboxes, "mailboxes", 0, "mailboxes to claim at start-up")
 	flag.IntVar(&c.Stored, "stored", 0, "envelopes to store in each mailbox's p2c direction at start-up")
 	flag.IntVar(&c.EnvelopeSize, "size", 1024, "envelope size in bytes (seeded and raw pebble writes)")
+	flag.IntVar(&c.EnvelopeCache, "envelope-cache", 0, "ours: envelope cache bytes (0: the default; negative: none)")
 	flag.StringVar(&c.CPUProfile, "cpuprofile", "", "CPU profile file, started and written by SIGUSR1 (and written at exit)")
 	flag.DurationVar(&c.MaxLife, "max-life", 30*time.Minute, "exit after this long even if standard input stays open")
 	flag.Parse()

@@ -35,6 +35,7 @@ func main() {
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
 	flag.StringVar(&o.DataDir, "data-dir", "", "where the stores go (default: a temporary directory)")
 	flag.StringVar(&o.ProfileDir, "profile-dir", "", "keep a CPU profile of each server per figure here (default: none)")
+	flag.IntVar(&o.EnvelopeCache, "envelope-cache", 0, "our relay's envelope cache in bytes (0: the default, as serve runs; negative: none, every GET a first read)")
 	flag.IntVar(&o.ServerGOMAXPROCS, "server-gomaxprocs", 0, "GOMAXPROCS of every server process (default: 2 for ours and the Pebble writers, as the relay runs; the runtime's, 1 on one pinned core, for net/http and the HEAD floor)")
 	flag.Parse()
 	for _, w := range strings.Split(*writers, ",") {
