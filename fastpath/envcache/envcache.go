@@ -195,9 +195,18 @@ func (c *Cache) Equal(k Key, env []byte) (equal, known bool) {
 	return string(s.ring[off:off+uint64(sl.n)]) == string(env), true
 }
 
+// Lookups sums the shards' hit and miss counters (cheap: no slot walk).
+func (c *Cache) Lookups() (hits, misses uint64) {
+	st := c.walk(false)
+	return st.Hits, st.Misses
+}
+
 // Stats sums the shards' counters and counts what they hold (a walk of
-// every slot: for metrics scrapes, not the request path).
-func (c *Cache) Stats() Stats {
+// every slot, each shard's under its lock: for metrics scrapes, not the
+// request path).
+func (c *Cache) Stats() Stats { return c.walk(true) }
+
+func (c *Cache) walk(held bool) Stats {
 	var st Stats
 	if c == nil {
 		return st
@@ -207,10 +216,12 @@ func (c *Cache) Stats() Stats {
 		s.mu.Lock()
 		st.Hits += s.hits
 		st.Misses += s.misses
-		for j := range s.slots {
-			if sl := &s.slots[j]; s.intact(sl) {
-				st.Entries++
-				st.Bytes += sl.n
+		if held {
+			for j := range s.slots {
+				if sl := &s.slots[j]; s.intact(sl) {
+					st.Entries++
+					st.Bytes += sl.n
+				}
 			}
 		}
 		s.mu.Unlock()

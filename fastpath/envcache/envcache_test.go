@@ -43,6 +43,9 @@ func TestPutThenAppend(t *testing.T) {
 	if st := c.Stats(); st.Hits != 2 || st.Misses != 4 || st.Entries != 1 || st.Bytes != len(env) {
 		t.Errorf("stats %+v", st)
 	}
+	if h, m := c.Lookups(); h != 2 || m != 4 {
+		t.Errorf("lookups %d hits, %d misses", h, m)
+	}
 }
 
 func TestAKeyKeepsItsFirstBytes(t *testing.T) {
