@@ -21,8 +21,10 @@
 //   - It counts: allocations, relayed packets and bytes, refusals
 //     (metrics.go), and it enforces the quotas (quota.go).
 //
-// The security default is that no peer in a loopback, private, link-local
-// or unique-local range can be reached through the relay (peers.go), so
-// the server cannot be used to reach into the operator's own network;
+// The security default is that only globally reachable peers can be
+// reached through the relay: every block IANA's special-purpose registries
+// mark not globally reachable is denied, and IPv6 forms that carry an IPv4
+// address are judged by it (peers.go), so the server cannot be used to
+// reach into the operator's own network, its carrier's or its cloud's;
 // Config.AllowPeers opens what an operator needs.
 package turn

@@ -40,7 +40,7 @@ type Config struct {
 	// Both 0: any port the kernel gives.
 	RelayPortMin, RelayPortMax int
 	// AllowPeers are peer prefixes opened despite the default deny of
-	// loopback, private, link-local and unique-local addresses.
+	// every address that is not globally reachable (see peers.go).
 	AllowPeers []netip.Prefix
 	// MaxAllocations, MaxPerUser and MaxPerIP cap allocations in total,
 	// per REST label and per client IP; past them an Allocate gets 486.
