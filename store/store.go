@@ -7,11 +7,13 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -24,8 +26,21 @@ var ErrNotFound = errors.New("store: not found")
 
 // DB is the relay's Pebble database.
 type DB struct {
-	pdb *pebble.DB
-	dir string
+	pdb    *pebble.DB
+	dir    string
+	health *health
+}
+
+// Options are the settings of Open that a server sets and a command does not.
+type Options struct {
+	// DiskReserve is the free space (bytes) the store keeps in its
+	// filesystem: below it every write is refused with ErrUnavailable
+	// until space is back, and half of it is held in <data dir>/ballast
+	// for Pebble to finish with when the disk fills anyway. 0: no guard.
+	DiskReserve uint64
+
+	// freeBytes replaces the measure of free space in tests.
+	freeBytes func(dir string) (uint64, error)
 }
 
 // Open opens (creating if needed) the database in <dataDir>/pebble.
@@ -33,12 +48,31 @@ type DB struct {
 // corrupting the store, which is how the command line learns that a server
 // is running on the same data dir.
 func Open(dataDir string, log *slog.Logger) (*DB, error) {
+	return OpenOptions(dataDir, log, Options{})
+}
+
+// OpenOptions is Open with the server's options.
+func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 	dir := filepath.Join(dataDir, "pebble")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	plog := log.With("component", "pebble")
+	bal := newBallast(filepath.Join(dataDir, ballastFile), o.DiskReserve/2)
+	h := newHealth(dir, o.DiskReserve, bal, plog)
+	if o.freeBytes != nil {
+		h.freeBytes = o.freeBytes
+	}
+	if bal.held() {
+		if free, err := h.freeBytes(dir); err == nil && free < o.DiskReserve {
+			// A start on a full disk: Pebble needs room to replay its log.
+			if err := bal.release(); err == nil {
+				log.Warn("disk nearly full at start: ballast released", "path", bal.path, "free", free)
+			}
+		}
 	}
 	// The block cache holds the index and data blocks that reads of
 	// recent envelopes hit; Pebble's 8 MiB default missed on every GET of
@@ -48,24 +82,67 @@ func Open(dataDir string, log *slog.Logger) (*DB, error) {
 	opts := &pebble.Options{
 		Cache: cache,
 		// Pebble's informational chatter (compactions, flushes) goes to our
-		// structured log at debug level; errors stay errors.
-		Logger: pebbleLogger{log: log.With("component", "pebble")},
+		// structured log at debug level; errors stay errors, and a fatal
+		// error marks the store failed instead of ending the process.
+		Logger:        pebbleLogger{log: plog, health: h},
+		EventListener: h.listener(),
 	}
 	pdb, err := pebble.Open(dir, opts)
+	if err == nil {
+		if f := h.failed.Load(); f != nil {
+			err = errors.Join(*f, pdb.Close())
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
-	return &DB{pdb: pdb, dir: dir}, nil
+	h.check(time.Now())
+	go h.run()
+	return &DB{pdb: pdb, dir: dir, health: h}, nil
 }
 
 // Close flushes nothing extra (every acknowledged write is already in the
 // synced WAL) and releases the lock so the next process can open the store.
 func (db *DB) Close() error {
+	db.stopHealth()
 	if err := db.pdb.Close(); err != nil {
 		return fmt.Errorf("store: close %s: %w", db.dir, err)
 	}
 	return nil
 }
+
+// ErrCloseAbandoned is CloseContext's error when Pebble's close did not
+// finish in time (a stalled or failed store). Nothing acknowledged is lost:
+// every acknowledged write is in the synced log, which the next start
+// replays.
+var ErrCloseAbandoned = errors.New("store: close did not finish in time; the next start replays the log")
+
+// CloseContext is Close bounded by ctx: when ctx ends first it returns
+// ErrCloseAbandoned and leaves the close running, for a process that is
+// about to exit anyway.
+func (db *DB) CloseContext(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- db.Close() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%s)", ErrCloseAbandoned, db.dir)
+	}
+}
+
+func (db *DB) stopHealth() {
+	select {
+	case <-db.health.stop:
+	default:
+		close(db.health.stop)
+	}
+	<-db.health.done
+}
+
+// Unavailable returns why the store refuses writes right now (an
+// ErrUnavailable), or nil while it takes them: the readiness of a server.
+func (db *DB) Unavailable() error { return db.health.unavailable() }
 
 // Busy reports whether Pebble is flushing a memtable or compacting tables
 // right now: background work that a benchmark lets finish before it
@@ -133,9 +210,20 @@ func (b *Batch) Discard() { _ = b.b.Close() }
 // Commit applies the batch and syncs the write-ahead log before returning:
 // only after Commit returns nil may a write be acknowledged to a client.
 // Concurrent Commits are grouped by Pebble into one fsync.
+//
+// While the store refuses writes (see ErrUnavailable) Commit returns an
+// error that wraps ErrUnavailable at once, without going to Pebble. A
+// Commit that fails this way stored nothing; one that fails because
+// Pebble failed during it may have been applied whole or not at all
+// (batches are atomic), never in part.
 func (db *DB) Commit(b *Batch) error {
 	defer b.Discard()
-	if err := db.pdb.Apply(b.b, pebble.Sync); err != nil {
+	if err := db.health.admit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	n := b.b.Len() // before Apply, which may take a large batch's data
+	err := db.pdb.Apply(b.b, pebble.Sync)
+	if err := db.health.committed(n, err); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	return nil
@@ -179,20 +267,33 @@ func PrefixEnd(prefix []byte) []byte {
 	return nil
 }
 
-// pebbleLogger routes Pebble's log calls into slog.
-type pebbleLogger struct{ log *slog.Logger }
+// pebbleLogger routes Pebble's log calls into slog. Pebble's messages
+// carry file and job numbers, so each is logged under one constant message
+// with the text as an attribute: the log limiter then sees a storm of them
+// as the repeats they are.
+type pebbleLogger struct {
+	log    *slog.Logger
+	health *health
+}
 
 func (l pebbleLogger) Infof(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...))
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug("pebble", "detail", fmt.Sprintf(format, args...))
+	}
 }
 
 func (l pebbleLogger) Errorf(format string, args ...any) {
-	l.log.Error(fmt.Sprintf(format, args...))
+	l.log.Error("pebble error", "detail", fmt.Sprintf(format, args...))
 }
 
+// Fatalf is Pebble's "cannot go on" (a failed commit or MANIFEST write, a
+// broken invariant). Ending the process here, as Pebble's default logger
+// does, took every service down with it, reads included; instead the
+// store is marked failed: writes are refused until a restart, reads go on.
+// Pebble returns from the call site as if nothing happened (Apply returns
+// nil), so Commit checks the mark after every Apply.
 func (l pebbleLogger) Fatalf(format string, args ...any) {
-	l.log.Error(fmt.Sprintf(format, args...))
-	os.Exit(1)
+	l.health.fail(fmt.Sprintf(format, args...))
 }
 
 // Flush writes the memtable to disk, for tests that inspect the raw files.
