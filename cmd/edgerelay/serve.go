@@ -87,11 +87,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 				continue
 			}
 			log.Info("draining", "signal", sig.String(), "bound", cfg.DrainTimeout.String())
-			incomplete, closeErr := r.shutdown(cfg.DrainTimeout)
+			incomplete, closeErr := r.stopWithin(cfg.DrainTimeout)
 			return stopCode(log, incomplete, closeErr)
 		case err := <-r.failed:
 			log.Error("listener failed", "err", err)
-			_, _ = r.shutdown(cfg.DrainTimeout)
+			_, _ = r.stopWithin(cfg.DrainTimeout)
 			return 1
 		}
 	}
@@ -320,24 +320,54 @@ func stopCode(log *slog.Logger, incomplete, closeErr error) int {
 	return 0
 }
 
-// shutdown drains every listener within bound, then closes the store.
+// closeReserve is the part of the drain bound kept for closing the store
+// after the services have drained: a fifth of it, at most a second.
+func closeReserve(bound time.Duration) time.Duration { return min(bound/5, time.Second) }
+
+// stopWithin is shutdown held to bound whatever happens: the services drain
+// until bound less closeReserve, and a store that cannot close by bound (a
+// failing disk holding a sync) is left to the exit. Every acknowledged write
+// was synced before it was acknowledged, so the exit loses none.
+func (r *relay) stopWithin(bound time.Duration) (incomplete, closeErr error) {
+	done := make(chan [2]error, 1)
+	go func() {
+		incomplete, closeErr := r.shutdown(bound - closeReserve(bound))
+		done <- [2]error{incomplete, closeErr}
+	}()
+	select {
+	case errs := <-done:
+		return errs[0], errs[1]
+	case <-time.After(bound):
+		return nil, fmt.Errorf("stop: the store did not close within the drain bound (%v); exiting, every acknowledged write is synced", bound)
+	}
+}
+
+// shutdown drains every service within bound, then closes the store.
 // incomplete is what the drain did not finish; closeErr a failed close.
+//
+// Every service stops accepting and drains at the same moment, under one
+// deadline: TURN waiting for its allocations (which a closed browser tab
+// can leave behind for minutes) must not keep the HTTP listeners open, nor
+// spend the deadline that their WebSockets' 1001 closes need.
 func (r *relay) shutdown(bound time.Duration) (incomplete, closeErr error) {
 	r.admin.SetReady(false)
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	var errs []error
+	drains := make([]func(context.Context) error, 0, len(r.listeners)+1)
+	for _, ln := range r.listeners {
+		drains = append(drains, ln.Shutdown)
+	}
 	if r.turn != nil {
-		if err := r.turn.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("turn: %w", err))
-		}
+		// turn.Server's errors name it already.
+		drains = append(drains, r.turn.Shutdown)
 		r.turn = nil
 	}
-	done := make(chan error, len(r.listeners))
-	for _, ln := range r.listeners {
-		go func() { done <- ln.Shutdown(ctx) }()
+	done := make(chan error, len(drains))
+	for _, drain := range drains {
+		go func() { done <- drain(ctx) }()
 	}
-	for range r.listeners {
+	var errs []error
+	for range drains {
 		if err := <-done; err != nil {
 			errs = append(errs, err)
 		}
@@ -548,6 +578,7 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 		svc.MaxBodyBytes = pushgw.MaxBodyBytes
 		svc.StreamRequestBody = true
 		svc.ErrorHandler = h.ServeError
+		svc.AnswerBeforeBody = h.AnswersFromHeaders
 		*services = append(*services, svc)
 		keys[m.provider] = &pushgw.Keys{Store: st, Log: r.log.With("service", string(m.service))}
 		ready := "provider configured"

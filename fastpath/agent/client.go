@@ -76,7 +76,11 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
 		h.m.refused.WithLabelValues("not_upgrade").Inc()
-		answerError(ctx, fasthttp.StatusBadRequest, "not a websocket handshake")
+		if status := ws.Refusal(ctx, err); status == fasthttp.StatusUpgradeRequired {
+			answerError(ctx, status, "unsupported websocket version")
+		} else {
+			answerError(ctx, status, "not a websocket handshake")
+		}
 		return
 	}
 	if len(id) == 0 || len(id) > ndjson.MaxIDLen || bytes.IndexByte(id, '/') >= 0 {
@@ -138,7 +142,16 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 		OverflowCode: ws.CloseTryAgainLater,
 		PingInterval: h.cfg.ClientPing,
 	}
-	ws.Upgrade(ctx, opts, echo, func(conn *ws.Conn) {
+	// serve turns the reservation into an attachment (serveClient) and
+	// drops the reference at the end; abandon gives both back when
+	// fasthttp drops the connection before serve runs.
+	abandon := func() {
+		in.mu.Lock()
+		in.reserved--
+		in.mu.Unlock()
+		h.release(in)
+	}
+	ws.Upgrade(ctx, opts, echo, abandon, func(conn *ws.Conn) {
 		defer h.release(in)
 		a.conn = conn
 		h.serveClient(a)

@@ -178,9 +178,10 @@ func (h *Handler) connect(ctx *fasthttp.RequestCtx) {
 	// The 101 is written by the hijacked goroutine itself rather than by
 	// fasthttp: fasthttp skips the hijack handler when its own flush of
 	// the answer fails, and the reference taken above would then never be
-	// released. This way the handler runs for every upgrade.
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(nc net.Conn) {
+	// released. When fasthttp drops the connection before handing it over
+	// at all (answers pipelined before the upgrade that cannot be flushed),
+	// ws.Hijack gives the reference back instead.
+	ws.Hijack(ctx, func() { h.release(in) }, func(nc net.Conn) {
 		defer h.release(in)
 		h.serveLink(in, gen, nc)
 	})

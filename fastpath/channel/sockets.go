@@ -78,7 +78,7 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
-		httpx.Error(ctx, fasthttp.StatusBadRequest, "not a websocket handshake")
+		refuseHandshake(ctx, err)
 		return
 	}
 	comp := &computer{key: k.Hash, host: k.Host, phones: make(map[control.ID]*phone), ready: make(chan struct{})}
@@ -92,7 +92,11 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 	h.computers[k.Hash] = comp
 	h.mu.Unlock()
 
-	ws.Upgrade(ctx, h.wsOptions(maxControlFrame), "", func(conn *ws.Conn) {
+	// The claim is the control socket's once serve runs, which ends it;
+	// abandon ends it when fasthttp drops the connection before that, so
+	// that the computer's next socket is not refused for one never opened.
+	abandon := func() { h.endControl(comp) }
+	ws.Upgrade(ctx, h.wsOptions(maxControlFrame), "", abandon, func(conn *ws.Conn) {
 		defer h.endControl(comp)
 		defer comp.markReady()
 		if !h.group.Add(conn) {
@@ -196,7 +200,7 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
-		httpx.Error(ctx, fasthttp.StatusBadRequest, "not a websocket handshake")
+		refuseHandshake(ctx, err)
 		return
 	}
 	h.mu.Lock()
@@ -232,7 +236,14 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 		httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
 		return
 	}
-	ws.Upgrade(ctx, h.wsOptions(MaxFrame), "", func(conn *ws.Conn) {
+	// serve turns the reservation into a phone channel; abandon gives it
+	// back when fasthttp drops the connection before serve runs.
+	abandon := func() {
+		comp.mu.Lock()
+		comp.reserved--
+		comp.mu.Unlock()
+	}
+	ws.Upgrade(ctx, h.wsOptions(MaxFrame), "", abandon, func(conn *ws.Conn) {
 		p := &phone{id: id, conn: conn}
 		<-comp.ready
 		comp.mu.Lock()
@@ -261,6 +272,18 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 			_ = ctl.WriteText(control.AppendClose(buf[:0], &id))
 		}
 	})
+}
+
+// refuseHandshake answers a handshake ws.CheckHandshake refused: 426 with
+// Sec-WebSocket-Version: 13 for a WebSocket version other than 13, 400
+// otherwise.
+func refuseHandshake(ctx *fasthttp.RequestCtx, err error) {
+	status := ws.Refusal(ctx, err)
+	if status == fasthttp.StatusUpgradeRequired {
+		httpx.Error(ctx, status, "unsupported websocket version")
+		return
+	}
+	httpx.Error(ctx, status, "not a websocket handshake")
 }
 
 // forgetPhone removes p from its computer and reports whether the computer

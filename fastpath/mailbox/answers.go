@@ -28,6 +28,7 @@ var (
 	errTooLarge        = newProblem(413, "too_large")
 	errRateLimited     = newProblem(429, "rate_limited")
 	errTooManyWatchers = newProblem(429, "too_many_watchers")
+	errUpgradeRequired = newProblem(426, "upgrade_required") // a WebSocket version other than 13
 	errMailboxFull     = newProblem(507, "mailbox_full")
 	errInternal        = newProblem(500, "internal")
 	errUpstreamUnavail = newProblem(502, "upstream_unavailable")

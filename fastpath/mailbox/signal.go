@@ -31,7 +31,7 @@ func sideIndex(side byte) int {
 // signal is GET …/signal/<primary|companion>.
 func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64) {
 	if err := ws.CheckHandshake(ctx); err != nil {
-		errBadRequest.answer(ctx)
+		refuseHandshake(ctx, err)
 		return
 	}
 	if !h.take(ctx, h.limits.connections, m.key, now) {
@@ -48,7 +48,9 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int6
 	}
 	me, other := sideIndex(r.side), 1-sideIndex(r.side)
 	frameKey := dirKey(m.key, r.side)
-	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), func(conn *ws.Conn) {
+	// Nothing is reserved for a signal side before its upgrade (the newer
+	// socket replaces the older one in serve): nothing to abandon.
+	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), nil, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
@@ -108,6 +110,17 @@ func (h *Handler) readSignal(m *mailbox, conn *ws.Conn, other int, frameKey uint
 			return
 		}
 	}
+}
+
+// refuseHandshake answers a handshake ws.CheckHandshake refused: 426
+// upgrade_required (with Sec-WebSocket-Version: 13) for a WebSocket version
+// other than 13, 400 bad_request otherwise.
+func refuseHandshake(ctx *fasthttp.RequestCtx, err error) {
+	if ws.Refusal(ctx, err) == fasthttp.StatusUpgradeRequired {
+		errUpgradeRequired.answer(ctx)
+		return
+	}
+	errBadRequest.answer(ctx)
 }
 
 // offeredSubprotocol answers zerobyte.v1 when the client offered it, and

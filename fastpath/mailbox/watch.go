@@ -57,7 +57,7 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		}
 	}
 	if err := ws.CheckHandshake(ctx); err != nil {
-		errBadRequest.answer(ctx)
+		refuseHandshake(ctx, err)
 		return
 	}
 	proto := offeredSubprotocol(ctx)
@@ -88,7 +88,14 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		ReadBufferSize: 512,
 		Detach:         h.cfg.DetachSockets,
 	}
-	ws.Upgrade(ctx, opts, proto, func(conn *ws.Conn) {
+	// The slot is the watcher's once serve runs (addWatcher), and given
+	// back by abandon when fasthttp drops the connection before that.
+	abandon := func() {
+		m.mu.Lock()
+		m.dirs[dirIndex(r.dir)].pendingWatchers--
+		m.mu.Unlock()
+	}
+	ws.Upgrade(ctx, opts, proto, abandon, func(conn *ws.Conn) {
 		w := &watcher{conn: conn, replaying: true}
 		if !h.addWatcher(m, r.dir, w) {
 			return

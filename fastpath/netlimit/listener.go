@@ -314,18 +314,47 @@ type conn struct {
 	ip       netip.Addr
 	tracked  bool
 	released atomic.Bool
+
+	// after holds what AfterClose registered; closed is set by the first
+	// Close (both under mu).
+	mu     sync.Mutex
+	after  []func()
+	closed bool
 }
 
-// Close closes the connection and, the first time only, releases its place:
-// servers and hijackers commonly close a connection more than once, and a
-// second release would let the counts drift below the truth and the caps
-// admit more than they should.
+// Close closes the connection and, the first time only, releases its place
+// and runs what AfterClose registered: servers and hijackers commonly close
+// a connection more than once, and a second release would let the counts
+// drift below the truth and the caps admit more than they should.
 func (c *conn) Close() error {
 	err := c.Conn.Close()
 	if c.released.CompareAndSwap(false, true) {
 		c.l.release(c.ip, c.tracked)
+		c.mu.Lock()
+		after := c.after
+		c.after, c.closed = nil, true
+		c.mu.Unlock()
+		for _, f := range after {
+			f()
+		}
 	}
 	return err
+}
+
+// AfterClose registers f to run once the connection is closed, on the
+// goroutine that closes it (at once if it already is). This makes the
+// connection a ws.CloseNotifier: fasthttp closes a connection it gives up
+// on before calling the hijack handler a request set, and ws.Hijack hears
+// of it here to give back what the handler reserved for the socket.
+func (c *conn) AfterClose(f func()) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		f()
+		return
+	}
+	c.after = append(c.after, f)
+	c.mu.Unlock()
 }
 
 // NetConn returns the underlying connection, like tls.Conn.NetConn, for code

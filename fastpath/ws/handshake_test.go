@@ -89,34 +89,49 @@ func TestCheckHandshakeRefusals(t *testing.T) {
 		name, request string
 		isUpgrade     bool
 		reason        string
+		status        int    // 400 unless set
+		version       string // the Sec-WebSocket-Version the answer must carry
 	}{
 		{"not GET", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n" + upgrade + key + version,
-			false, "method is not GET"},
+			false, "method is not GET", 0, ""},
 		{"no Upgrade header", "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n" + key + version,
-			false, "Upgrade header lacks websocket"},
+			false, "Upgrade header lacks websocket", 0, ""},
 		{"Upgrade to something else", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n" + key + version,
-			false, "Upgrade header lacks websocket"},
+			false, "Upgrade header lacks websocket", 0, ""},
 		{"no Connection upgrade", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: keep-alive\r\n" + key + version,
-			false, "Connection header lacks upgrade"},
+			false, "Connection header lacks upgrade", 0, ""},
+		// RFC 6455 4.2.2: 426 and the version the server speaks.
 		{"version 8", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + key + "Sec-WebSocket-Version: 8\r\n",
-			true, "Sec-WebSocket-Version is not 13"},
+			true, "Sec-WebSocket-Version is not 13", http.StatusUpgradeRequired, "13"},
+		{"version 14", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + key + "Sec-WebSocket-Version: 14\r\n",
+			true, "Sec-WebSocket-Version is not 13", http.StatusUpgradeRequired, "13"},
 		{"no version", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + key,
-			true, "Sec-WebSocket-Version is not 13"},
+			true, "Sec-WebSocket-Version is missing", 0, ""},
+		// RFC 6455 4.2.1: HTTP/1.1 or higher.
+		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: x\r\n" + upgrade + key + version,
+			true, "HTTP/1.0 cannot upgrade", 0, ""},
 		{"no key", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + version,
-			true, "Sec-WebSocket-Key is missing"},
+			true, "Sec-WebSocket-Key is missing", 0, ""},
 		{"key of 5 bytes", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + version + "Sec-WebSocket-Key: c2hvcnQ=\r\n",
-			true, "Sec-WebSocket-Key is not 16 bytes in base64"},
+			true, "Sec-WebSocket-Key is not 16 bytes in base64", 0, ""},
 		{"key not base64", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + version + "Sec-WebSocket-Key: !!!!!!!!!!!!!!!!!!!!!!==\r\n",
-			true, "Sec-WebSocket-Key is not 16 bytes in base64"},
+			true, "Sec-WebSocket-Key is not 16 bytes in base64", 0, ""},
 		{"key too long", "GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + version + "Sec-WebSocket-Key: " + strings.Repeat("QUFB", 12) + "\r\n",
-			true, "Sec-WebSocket-Key is not 16 bytes in base64"},
+			true, "Sec-WebSocket-Key is not 16 bytes in base64", 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, _, _ := roundTrip(t, ts.addr, tc.request+"\r\n")
 			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusBadRequest {
-				t.Fatalf("status %s, expected 400", resp.Status)
+			want := tc.status
+			if want == 0 {
+				want = http.StatusBadRequest
+			}
+			if resp.StatusCode != want {
+				t.Fatalf("status %s, expected %d", resp.Status, want)
+			}
+			if got := resp.Header.Get("Sec-WebSocket-Version"); got != tc.version {
+				t.Errorf("Sec-WebSocket-Version %q, expected %q", got, tc.version)
 			}
 			if want := "ws: bad handshake: " + tc.reason; string(body) != want {
 				t.Errorf("body %q, expected %q", body, want)

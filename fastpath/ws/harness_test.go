@@ -59,7 +59,8 @@ func startServer(t testing.TB, opts ws.Options, serve func(*ws.Conn)) *testServe
 	srv := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			if err := ws.CheckHandshake(ctx); err != nil {
-				ctx.Error(err.Error(), fasthttp.StatusBadRequest)
+				ctx.Error(err.Error(), fasthttp.StatusBadRequest) // resets the headers: Refusal after it
+				ctx.SetStatusCode(ws.Refusal(ctx, err))
 				ctx.Response.Header.Set("X-Is-Upgrade", fmt.Sprint(ws.IsUpgrade(ctx)))
 				return
 			}
@@ -72,7 +73,7 @@ func startServer(t testing.TB, opts ws.Options, serve func(*ws.Conn)) *testServe
 				return true
 			})
 			ts.wg.Add(1)
-			ws.Upgrade(ctx, opts, proto, func(c *ws.Conn) {
+			ws.Upgrade(ctx, opts, proto, nil, func(c *ws.Conn) {
 				defer ts.wg.Done()
 				ts.conns <- c
 				if serve != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/base64"
+	"errors"
 	"net"
 	"time"
 
@@ -25,25 +26,48 @@ type HandshakeError string
 
 func (e HandshakeError) Error() string { return "ws: bad handshake: " + string(e) }
 
+// errVersion is the refusal RFC 6455 section 4.2.2 answers with 426.
+const errVersion HandshakeError = "Sec-WebSocket-Version is not 13"
+
 // CheckHandshake validates the parts of the handshake that the upgrade
 // itself needs; callers check authentication first so that a refusal is an
-// ordinary HTTP answer with the protocol's own error body.
+// ordinary HTTP answer with the protocol's own error body, its status and
+// headers from Refusal.
 func CheckHandshake(ctx *fasthttp.RequestCtx) error {
 	switch {
 	case !ctx.IsGet():
 		return HandshakeError("method is not GET")
+	case !ctx.Request.Header.IsHTTP11():
+		// RFC 6455 4.2.1 asks for HTTP/1.1 or higher, and an HTTP/1.0
+		// server must ignore Upgrade (RFC 9110 7.8).
+		return HandshakeError("HTTP/1.0 cannot upgrade")
 	case !headerHasToken(ctx.Request.Header.Peek("Connection"), "upgrade"):
 		return HandshakeError("Connection header lacks upgrade")
 	case !headerHasToken(ctx.Request.Header.Peek("Upgrade"), "websocket"):
 		return HandshakeError("Upgrade header lacks websocket")
+	case len(ctx.Request.Header.Peek("Sec-WebSocket-Version")) == 0:
+		return HandshakeError("Sec-WebSocket-Version is missing")
 	case string(ctx.Request.Header.Peek("Sec-WebSocket-Version")) != "13":
-		return HandshakeError("Sec-WebSocket-Version is not 13")
+		return errVersion
 	case len(ctx.Request.Header.Peek("Sec-WebSocket-Key")) == 0:
 		return HandshakeError("Sec-WebSocket-Key is missing")
 	case !validKey(ctx.Request.Header.Peek("Sec-WebSocket-Key")):
 		return HandshakeError("Sec-WebSocket-Key is not 16 bytes in base64")
 	}
 	return nil
+}
+
+// Refusal returns the status that answers a handshake CheckHandshake
+// refused with err, and sets the headers that go with it: 426 Upgrade
+// Required with Sec-WebSocket-Version: 13 for a version the relay does not
+// speak (RFC 6455 4.2.2), 400 for anything else. The caller writes its
+// protocol's error body with that status, keeping the headers.
+func Refusal(ctx *fasthttp.RequestCtx, err error) int {
+	if errors.Is(err, errVersion) {
+		ctx.Response.Header.Set("Sec-WebSocket-Version", "13")
+		return fasthttp.StatusUpgradeRequired
+	}
+	return fasthttp.StatusBadRequest
 }
 
 // validKey reports whether key is the base64 encoding of 16 bytes, as RFC
@@ -61,12 +85,19 @@ func validKey(key []byte) bool {
 // to serve, which runs on its own goroutine and should read until the
 // connection ends. subprotocol is echoed when not empty. Call CheckHandshake
 // first. The Conn is closed and its writer finished when serve returns.
-func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, serve func(*Conn)) {
+//
+// Exactly one of serve and abandon (when not nil) runs, as with Hijack:
+// abandon when fasthttp closes the connection without handing it over,
+// which happens when the answers to requests pipelined before the upgrade
+// cannot be flushed. A caller that reserves something for the socket
+// before Upgrade (a watcher slot, a control-socket claim) gives it back in
+// abandon, and in serve as usual. serve runs even when the client is gone
+// by the time the 101 is written (its first read fails).
+func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, abandon func(), serve func(*Conn)) {
 	// The 101 is written by the hijacked goroutine itself rather than by
 	// fasthttp: fasthttp skips the hijack handler when its own flush of
-	// the answer fails, and a caller that reserved something for this
-	// socket (a watcher slot, a control-socket claim) would then never
-	// release it. This way serve runs for every answered upgrade.
+	// the answer fails, and serve would then not run for an upgrade whose
+	// answer could not be written.
 	resp := make([]byte, 0, 160+len(subprotocol))
 	resp = append(resp, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "...)
 	resp = append(resp, acceptKey(ctx.Request.Header.Peek("Sec-WebSocket-Key"))...)
@@ -75,9 +106,8 @@ func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, serve f
 		resp = append(resp, subprotocol...)
 	}
 	resp = append(resp, "\r\n\r\n"...)
-	ctx.HijackSetNoResponse(true)
 	opts.setDefaults()
-	ctx.Hijack(func(nc net.Conn) {
+	Hijack(ctx, abandon, func(nc net.Conn) {
 		if !opts.Detach {
 			run(nc, resp, opts, serve)
 			return
