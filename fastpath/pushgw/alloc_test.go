@@ -132,3 +132,18 @@ func TestPanicSettlesClaim(t *testing.T) {
 		t.Fatalf("claim leaked by a panic: %+v %v", c, err)
 	}
 }
+
+// The header check the listener runs before every /send body allocates
+// nothing: it decides from the key store's copy and a pooled URI.
+func TestAnswersFromHeadersAllocations(t *testing.T) {
+	h, key := stubHandler(t, nil, false)
+	ctx := stubCtx(key)
+	ctx.Request.Header.SetContentLength(len(stubBody))
+	if h.AnswersFromHeaders(&ctx.Request.Header) {
+		t.Fatal("a valid send is answered from its headers")
+	}
+	allocs := testing.AllocsPerRun(200, func() { _ = h.AnswersFromHeaders(&ctx.Request.Header) })
+	if allocs != 0 {
+		t.Errorf("%.0f allocations per header check, want 0", allocs)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/pushgw"
+	"edgerelay/fastpath/server"
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/push/pushtest"
@@ -239,6 +240,9 @@ func startGateway(t *testing.T, o gwOpts) *gateway {
 		NoDefaultServerHeader: true,
 		ReadTimeout:           10 * time.Second,
 		Logger:                quietLogger{},
+	}
+	if !o.noStream {
+		server.AnswerBeforeBody(g.srv, h.AnswersFromHeaders)
 	}
 	srv := g.srv
 	go func() { _ = srv.Serve(ln) }()

@@ -486,8 +486,11 @@ func (p *parser) parseSend(in []byte, entries []entry, msg *sendMessage) ([]entr
 	}
 
 	// token: required string, trimmed, at most maxToken; never clipped.
+	// The reference refuses any present value that is not a string, null
+	// included (raw.token !== undefined && typeof raw.token !== "string");
+	// only an absent token is "missing".
 	switch token.kind {
-	case kindNone, kindNull:
+	case kindNone:
 		return entries, errMissingToken
 	case kindString:
 	default:
@@ -512,7 +515,7 @@ func (p *parser) parseSend(in []byte, entries []entry, msg *sendMessage) ([]entr
 
 	entries = entries[:0]
 	switch data.kind {
-	case kindNone, kindNull:
+	case kindNone, kindNull: // data alone reads null as {}, as the reference does
 	case kindObject:
 		var emsg string
 		if entries, emsg = p.dataEntries(data, entries); emsg != "" {
@@ -530,11 +533,12 @@ func (p *parser) parseSend(in []byte, entries []entry, msg *sendMessage) ([]entr
 	return entries, ""
 }
 
-// optionalString reads an optional string member: absent or null is "",
-// a string is clipped to max, anything else is refused.
+// optionalString reads an optional string member: absent is "", a string
+// is clipped to max, anything else is refused, null included (the
+// reference tests raw[field] !== undefined, and null is not undefined).
 func optionalString(p *parser, v value, max int) ([]byte, bool) {
 	switch v.kind {
-	case kindNone, kindNull:
+	case kindNone:
 		return nil, true
 	case kindString:
 		return clip16(p.text(v.str), max), true

@@ -15,17 +15,21 @@
 // and a request id, so its listener must be run with:
 //
 //	MaxRequestBodySize: MaxBodyBytes
-//	StreamRequestBody:  true            // the handler sees the request before its body
-//	ErrorHandler:       h.ServeError    // fasthttp's own refusals in the gateway's shape
+//	StreamRequestBody:  true                   // the handler sees the request before its body
+//	ErrorHandler:       h.ServeError           // fasthttp's own refusals in the gateway's shape
+//	AnswerBeforeBody:   h.AnswersFromHeaders   // server.Service; server.AnswerBeforeBody for a bare fasthttp.Server
 //
 // With StreamRequestBody the order of checks is the spec's exactly: a
 // caller without a key gets 401 even for an oversized body, and a
 // Content-Length over the limit is refused from the header, the body never
-// buffered (fasthttp reads at most its first 8 KiB ahead before calling the
-// handler, then closes the connection rather than drain the rest). Without
-// StreamRequestBody, fasthttp refuses an oversized body before the handler
-// runs, reading nothing of a too-long Content-Length; ServeError answers
-// that with the same 413, but it then precedes the key check.
+// buffered. fasthttp still reads up to 8 KiB of a body before it calls the
+// handler, and answers "Expect: 100-continue" with "100 Continue" first;
+// AnswersFromHeaders tells the listener which requests are refused from
+// their headers, so that those are answered at once, before any body byte
+// is read, and an Expect gets the refusal. Without StreamRequestBody,
+// fasthttp refuses an oversized body before the handler runs, reading
+// nothing of a too-long Content-Length; ServeError answers that with the
+// same 413, but it then precedes the key check.
 //
 // Per-key minute limits are kept per mount (as the reference kept them per
 // worker); the daily budget and the device-token claims belong to the key

@@ -1,10 +1,10 @@
 package pushgw
 
 import (
-	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -47,6 +47,12 @@ func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
 	if tooLarge {
 		h.fail(ctx, r, fasthttp.StatusRequestEntityTooLarge, "request body too large")
 		h.m.registrations[regTooLarge].Inc()
+		return
+	}
+	if errors.Is(err, errBodyWithheld) {
+		// Unreachable: only a closed registration or an unusable proxy
+		// header withholds a body this small, and both refused above.
+		h.fail(ctx, r, fasthttp.StatusServiceUnavailable, "registration is temporarily unavailable")
 		return
 	}
 	if err != nil {
@@ -92,25 +98,12 @@ func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
 // address comes from the trusted proxy's header when one is configured,
 // else from the connection.
 func (h *Handler) clientBucket(ctx *fasthttp.RequestCtx) (string, bool) {
-	var addr netip.Addr
 	if h.proxyHeader != "" {
-		v := ctx.Request.Header.Peek(h.proxyHeader)
-		// X-Forwarded-For style lists: the proxy appends the address it
-		// saw, so only the last element is the proxy's word.
-		if i := bytes.LastIndexByte(v, ','); i >= 0 {
-			v = v[i+1:]
-		}
-		a, err := netip.ParseAddr(string(bytes.TrimSpace(v)))
-		if err != nil {
-			return "", false
-		}
-		addr = a
-	} else {
-		a, ok := netip.AddrFromSlice(ctx.RemoteIP())
-		if !ok {
-			return "", false
-		}
-		addr = a
+		return proxyBucket(ctx.Request.Header.Peek(h.proxyHeader))
+	}
+	addr, ok := netip.AddrFromSlice(ctx.RemoteIP())
+	if !ok {
+		return "", false
 	}
 	return addressBucket(addr)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/httpx"
+	"edgerelay/fastpath/server"
 	"edgerelay/store"
 )
 
@@ -51,7 +52,16 @@ func (h *Handler) putScratch(s *scratch) {
 // tooLarge reports a body over limit: a Content-Length over it is refused
 // without reading a byte of the body; a body without one is read until it
 // turns out too long.
+//
+// A body the listener withheld (see AnswersFromHeaders) is too large when
+// its declared length is; otherwise it is errBodyWithheld.
 func readBody(ctx *fasthttp.RequestCtx, limit int, buf []byte) (body []byte, tooLarge bool, err error) {
+	if declared, ok := server.BodyWithheld(ctx); ok {
+		if declared > limit {
+			return nil, true, nil
+		}
+		return nil, false, errBodyWithheld
+	}
 	if ctx.Request.Header.ContentLength() > limit {
 		return nil, true, nil
 	}
@@ -120,6 +130,12 @@ func (h *Handler) send(ctx *fasthttp.RequestCtx, r *request) {
 	body, tooLarge, err := readBody(ctx, MaxBodyBytes, sc.body)
 	if tooLarge {
 		h.denied(ctx, r, key.ID, fasthttp.StatusRequestEntityTooLarge, "request body too large", "body_too_large")
+		return
+	}
+	if errors.Is(err, errBodyWithheld) {
+		// The key was refused when the headers arrived and became usable
+		// before the handler ran; the headers' verdict stands.
+		h.denied(ctx, r, "", fasthttp.StatusUnauthorized, "invalid api key", "invalid_api_key")
 		return
 	}
 	if err != nil {

@@ -197,7 +197,7 @@ func TestFieldChecksInOrder(t *testing.T) {
 		{`{"token":5,"x":[1,2,}`, "invalid json body"},
 		// token
 		{`{}`, "missing token"},
-		{`{"token":null}`, "missing token"},
+		{`{"token":null}`, "invalid token"}, // present and not a string: the reference refuses null too
 		{`{"token":""}`, "missing token"},
 		{`{"token":"   \t\n"}`, "missing token"},
 		{`{"token":"\u00a0\ufeff"}`, "missing token"},
@@ -213,11 +213,14 @@ func TestFieldChecksInOrder(t *testing.T) {
 		// title, body
 		{`{"token":"a","title":5}`, "invalid title"},
 		{`{"token":"a","title":{}}`, "invalid title"},
-		{`{"token":"a","title":null}`, ""},
+		{`{"token":"a","title":null}`, "invalid title"},
 		{`{"token":"a","title":"` + long(5000) + `"}`, ""},
 		{`{"token":"a","body":false}`, "invalid body"},
 		{`{"token":"a","body":[]}`, "invalid body"},
-		{`{"token":"a","body":null}`, ""},
+		{`{"token":"a","body":null}`, "invalid body"},
+		{`{"token":null,"title":5}`, "invalid token"},
+		{`{"token":"a","title":null,"body":5}`, "invalid title"},
+		{`{"token":"a","body":null,"data":5}`, "invalid body"},
 		// order: token before title before body before data
 		{`{"data":1,"body":1,"title":1,"token":1}`, "invalid token"},
 		{`{"data":1,"body":1,"title":1,"token":"a"}`, "invalid title"},

@@ -53,6 +53,10 @@ type Service struct {
 	// ErrorHandler answers fasthttp's own refusals; nil keeps the JSON
 	// error shape of the other protocols.
 	ErrorHandler func(ctx *fasthttp.RequestCtx, err error)
+	// AnswerBeforeBody, when set, is asked with each request's headers,
+	// before any byte of its body is read, whether the handler will answer
+	// from them alone (a refusal); see AnswerBeforeBody and BodyWithheld.
+	AnswerBeforeBody func(h *fasthttp.RequestHeader) bool
 }
 
 // Listener is a running Service.
@@ -97,6 +101,9 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 	}
 	if svc.ErrorHandler != nil {
 		l.srv.ErrorHandler = svc.ErrorHandler
+	}
+	if svc.AnswerBeforeBody != nil {
+		AnswerBeforeBody(l.srv, svc.AnswerBeforeBody)
 	}
 	return l, nil
 }
