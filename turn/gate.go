@@ -27,11 +27,20 @@ const (
 //     keeps the session's key;
 //   - 403 for CreatePermission or ChannelBind to a peer address the
 //     policy refuses (pion sends an error without a code, or 401);
-//   - 508 for an Allocate while the server drains.
+//   - 508 for an Allocate while the server drains;
+//   - 437 for Refresh, CreatePermission or ChannelBind from a 5-tuple with
+//     no allocation (RFC 8656 §5; pion answers nothing, or 200 to a
+//     Refresh with LIFETIME 0), and 441 for one under another username
+//     than the allocation's;
+//   - 400 for ChannelBind to a number outside 0x4000-0x7FFF (pion binds
+//     any number, 0x0000 included; see channelNumberValid).
+//
+// It also rewrites a LIFETIME pion would misread (see lifetime.go) and
+// signs the message again, so pion grants what RFC 8656 says.
 //
 // reply sends a response to the client on the transport the message came
 // in on. screen reports whether it answered, in which case pion must not
-// see the message. raw must not be written to; it is only read.
+// see the message. raw is only written to by that rewrite, in place.
 func (s *Server) screen(t tuple, raw []byte, reply func([]byte)) (answered bool) {
 	if len(raw) < 20 {
 		return false
@@ -52,8 +61,17 @@ func (s *Server) screen(t tuple, raw []byte, reply func([]byte)) (answered bool)
 	// A full slice expression: MessageIntegrity.Check appends into spare
 	// capacity, which for a stream is the next frame.
 	m := &stun.Message{Raw: raw[:len(raw):len(raw)]}
-	if err := m.Decode(); err != nil || !m.Contains(stun.AttrMessageIntegrity) {
-		return false // pion answers: 400, or the 401 challenge with a nonce
+	if err := m.Decode(); err != nil {
+		return false // pion answers 400
+	}
+	if !m.Contains(stun.AttrMessageIntegrity) {
+		if typ.Method != stun.MethodAllocate && s.relays.lookup(t) == nil {
+			// Nothing to authenticate for: RFC 8656 §5 answers 437 before
+			// a challenge would lead anywhere.
+			reply(s.errorResponse(m, stun.CodeAllocMismatch, nil))
+			return true
+		}
+		return false // pion answers: the 401 challenge with a nonce
 	}
 	var (
 		username stun.Username
@@ -86,12 +104,32 @@ func (s *Server) screen(t tuple, raw []byte, reply func([]byte)) (answered bool)
 			return unauthorized(authExpired)
 		}
 	}
+	if typ.Method != stun.MethodAllocate {
+		r := s.relays.lookup(t)
+		if r == nil {
+			reply(s.errorResponse(m, stun.CodeAllocMismatch, key))
+			return true
+		}
+		if u := r.username.Load(); u != nil && *u != user {
+			reply(s.errorResponse(m, stun.CodeWrongCredentials, key))
+			return true
+		}
+	}
 	switch typ.Method {
 	case stun.MethodAllocate:
 		if s.draining.Load() {
 			reply(s.errorResponse(m, stun.CodeInsufficientCapacity, key))
 			return true
 		}
+	case stun.MethodChannelBind:
+		if v, err := m.Get(stun.AttrChannelNumber); err != nil || len(v) != 4 || !channelNumberValid(binary.BigEndian.Uint16(v)) {
+			reply(s.errorResponse(m, stun.CodeBadRequest, key))
+			return true
+		}
+	}
+	switch typ.Method {
+	case stun.MethodAllocate, stun.MethodRefresh:
+		fixLifetime(m, typ.Method, key)
 	case stun.MethodCreatePermission, stun.MethodChannelBind:
 		denied := false
 		_ = m.ForEach(stun.AttrXORPeerAddress, func(m *stun.Message) error {
@@ -113,6 +151,17 @@ func (s *Server) screen(t tuple, raw []byte, reply func([]byte)) (answered bool)
 	}
 	return false
 }
+
+// channelNumberValid reports whether n is a channel number a client may
+// bind: RFC 5766's 0x4000-0x7FFF. RFC 8656 §12 narrows it to 0x4000-0x4FFF,
+// but the clients in the field pick numbers at random in the old range:
+// libwebrtc (Chrome, and every app built on it: turn_port.cc has
+// kMaxChannelNumber = 0x7FFF) and coturn's own turnutils_uclient, whose
+// binds fail three times in four if 0x5000-0x7FFF answer 400. Frames on
+// those channels still parse unambiguously: the first two bits 01 set
+// ChannelData apart from STUN (00), and a TURN listener carries no DTLS or
+// RTP (RFC 7983's 128-191).
+func channelNumberValid(n uint16) bool { return n >= 0x4000 && n <= 0x7FFF }
 
 // holds reports whether t has a live allocation made with username.
 func (s *Server) holds(t tuple, username string) bool {

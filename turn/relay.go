@@ -1,6 +1,7 @@
 package turn
 
 import (
+	crand "crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pion/stun/v3"
 )
 
 // errNoRelayPort is the relay port range running out; pion answers it with
@@ -68,15 +71,14 @@ type downstream struct {
 }
 
 // relayConn is an allocation's relayed transport address: the UDP socket
-// peers send to. pion reads it (its per-allocation goroutine calls
-// ReadFrom); our ReadFrom relays datagrams from channel-bound peers to the
-// client itself and returns only the rest (peers without a channel, to be
-// sent as Data indications, or refused for want of a permission) to pion.
+// peers send to. pion's per-allocation goroutine calls ReadFrom, where we
+// relay every datagram to the client ourselves.
 type relayConn struct {
 	*net.UDPConn
-	srv  *Server
-	port int
-	addr *net.UDPAddr // advertised relayed address (XOR-RELAYED-ADDRESS)
+	srv    *Server
+	port   int
+	addr   *net.UDPAddr // advertised relayed address (XOR-RELAYED-ADDRESS)
+	reader *datagramReader
 
 	down     atomic.Pointer[downstream]
 	routes   atomic.Pointer[routes]
@@ -91,41 +93,66 @@ type relayConn struct {
 	closeOnce sync.Once
 }
 
-// ReadFrom implements net.PacketConn for pion's relay loop. Channel-bound
-// peers' datagrams are framed as ChannelData in p itself (read at p[4:],
-// header written in front) and sent to the client; datagrams from peers
-// with neither a channel nor a permission are dropped here; the loop
-// returns only datagrams pion is to send on as Data indications.
-func (r *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
-	if len(p) < 8 {
-		return 0, nil, fmt.Errorf("turn: relay read buffer of %d bytes", len(p))
-	}
-	// Keep room for a ChannelData header in front and TCP's padding
-	// behind (p's length minus 4, rounded down to 4, keeps both in p).
-	body := p[4 : 4+((len(p)-4)&^3)]
+// ReadFrom implements net.PacketConn for pion's relay loop, which is only
+// kept for its exit: every datagram is relayed here, as ChannelData to a
+// channel-bound peer's client or as a Data indication to one with only a
+// permission, and dropped for a peer with neither. pion's loop reads into
+// a 1,600-byte buffer of its own (rtpMTU) and drops anything bigger, so
+// its Data indications cannot carry what a peer may send (up to 65,507
+// bytes over IPv4); ReadFrom returns only the socket's error, on which pion
+// ends the allocation.
+func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
 	for {
-		n, peer, err := r.UDPConn.ReadFromUDPAddrPort(body)
+		buf, n, peer, err := r.reader.next()
 		if err != nil {
 			return 0, nil, err
 		}
-		peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
-		rt := r.routes.Load()
-		if rt == nil || n == len(body) { // a full buffer may have been truncated
-			continue
+		if n < maxDatagram+1 { // a full buffer may have been truncated
+			r.deliver(*buf, n, peer)
 		}
-		if number, ok := rt.byPeer[peer]; ok {
-			if d := r.down.Load(); d != nil {
-				r.sendDown(d, p, number, n)
-			}
-			continue
-		}
-		if !rt.perms[peer.Addr()] {
-			continue
-		}
-		r.downPackets.Add(1)
-		r.downBytes.Add(uint64(n))
-		copy(p, body[:n])
-		return n, net.UDPAddrFromAddrPort(peer), nil
+		r.reader.release(buf)
+	}
+}
+
+// Relay buffers: room for the biggest datagram, a header in front (a Data
+// indication's, the biggest) and padding behind (streams pad to 4).
+const (
+	// maxDatagram is the biggest UDP payload (65,535 less the 8-byte UDP
+	// header; IPv4's header leaves 65,507, IPv6's 65,527).
+	maxDatagram = 65535 - 8
+	// relayHeadroom is a Data indication's header: 20 bytes of STUN header,
+	// XOR-PEER-ADDRESS for IPv6 (4 + 20) and DATA's attribute header (4).
+	relayHeadroom = 20 + 24 + 4
+	relayBufSize  = relayHeadroom + maxDatagram + 1 + 3
+)
+
+// newRelayBufPool makes the relay sockets' shared buffer pool.
+func newRelayBufPool() *sync.Pool {
+	return &sync.Pool{New: func() any {
+		b := make([]byte, relayBufSize)
+		return &b
+	}}
+}
+
+// datagramRoom is the part of a relay buffer a datagram is read into: one
+// byte past the biggest, so a full read means one that was too big.
+func datagramRoom(buf []byte) []byte { return buf[relayHeadroom : relayHeadroom+maxDatagram+1] }
+
+// deliver relays the datagram in b[relayHeadroom:relayHeadroom+n] from peer
+// to the client, writing its header in front of it in b.
+func (r *relayConn) deliver(b []byte, n int, peer netip.AddrPort) {
+	peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+	rt := r.routes.Load()
+	d := r.down.Load()
+	if rt == nil || d == nil {
+		return
+	}
+	if number, ok := rt.byPeer[peer]; ok {
+		r.sendDown(d, b[relayHeadroom-4:], number, n)
+		return
+	}
+	if rt.perms[peer.Addr()] {
+		r.sendIndication(d, b, n, peer)
 	}
 }
 
@@ -135,21 +162,90 @@ func (r *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 func (r *relayConn) sendDown(d *downstream, p []byte, number uint16, n int) {
 	binary.BigEndian.PutUint16(p[0:2], number)
 	binary.BigEndian.PutUint16(p[2:4], uint16(n))
-	var err error
-	if d.udp != nil {
-		_, err = d.udp.WriteToUDPAddrPort(p[:4+n], d.client)
-	} else {
+	end := 4 + n
+	if d.stream != nil {
 		// Over a stream ChannelData is padded to a multiple of 4 bytes
 		// (RFC 8656 §12.5).
-		end := (4 + n + 3) &^ 3
+		end = (4 + n + 3) &^ 3
 		clear(p[4+n : end])
-		_, err = d.stream.Write(p[:end])
 	}
-	if err != nil {
+	if d.write(p[:end]) != nil {
 		return
 	}
 	r.downPackets.Add(1)
 	r.downBytes.Add(uint64(n))
+}
+
+// sendIndication sends the datagram in b[relayHeadroom:relayHeadroom+n] to
+// the client as a Data indication (RFC 8656 §11.3), built in front of it.
+func (r *relayConn) sendIndication(d *downstream, b []byte, n int, peer netip.AddrPort) {
+	addrLen := 8
+	if peer.Addr().Is6() {
+		addrLen = 20
+	}
+	pad := (4 - n%4) % 4
+	length := 4 + addrLen + 4 + n + pad
+	if length > 0xFFFF {
+		return // cannot be framed; a datagram this big only comes over IPv6
+	}
+	m := b[relayHeadroom-(20+4+addrLen+4) : relayHeadroom+n+pad]
+	binary.BigEndian.PutUint16(m[0:2], dataIndication)
+	binary.BigEndian.PutUint16(m[2:4], uint16(length))
+	binary.BigEndian.PutUint32(m[4:8], magicCookie)
+	_, _ = crand.Read(m[8:20]) // a transaction ID, random as RFC 8489 §6 wants
+	putXORPeerAddress(m[20:24+addrLen], m[4:20], peer)
+	a := m[24+addrLen:]
+	binary.BigEndian.PutUint16(a[0:2], uint16(stun.AttrData))
+	binary.BigEndian.PutUint16(a[2:4], uint16(n))
+	clear(a[4+n:])
+	if d.write(m) != nil {
+		return
+	}
+	r.downPackets.Add(1)
+	r.downBytes.Add(uint64(n))
+}
+
+// STUN wire constants (RFC 8489 §5, RFC 8656 §17): the magic cookie, and
+// the message types of a Data indication (method Data 0x007) and a Send
+// indication (method Send 0x006), class indication.
+const (
+	magicCookie    = 0x2112A442
+	dataIndication = 0x0017
+	sendIndication = 0x0016
+)
+
+// putXORPeerAddress writes an XOR-PEER-ADDRESS attribute for peer into a
+// (its full length), XORed with cookieAndID, the message's bytes 4-20
+// (RFC 8489 §14.2).
+func putXORPeerAddress(a, cookieAndID []byte, peer netip.AddrPort) {
+	binary.BigEndian.PutUint16(a[0:2], uint16(stun.AttrXORPeerAddress))
+	binary.BigEndian.PutUint16(a[2:4], uint16(len(a)-4))
+	a[4] = 0
+	binary.BigEndian.PutUint16(a[6:8], peer.Port()^uint16(magicCookie>>16))
+	if peer.Addr().Is4() {
+		a[5] = 0x01
+		ip := peer.Addr().As4()
+		for i := range ip {
+			a[8+i] = ip[i] ^ cookieAndID[i]
+		}
+		return
+	}
+	a[5] = 0x02
+	ip := peer.Addr().As16()
+	for i := range ip {
+		a[8+i] = ip[i] ^ cookieAndID[i]
+	}
+}
+
+// write sends one whole frame to the client.
+func (d *downstream) write(frame []byte) error {
+	var err error
+	if d.udp != nil {
+		_, err = d.udp.WriteToUDPAddrPort(frame, d.client)
+	} else {
+		_, err = d.stream.Write(frame)
+	}
+	return err
 }
 
 // sendUp relays a ChannelData payload to the peer bound to number. It
@@ -332,11 +428,18 @@ func (g relayAddressGenerator) AllocatePacketConn(_ string, requestedPort int) (
 		}
 		return nil, nil, err
 	}
+	reader, err := newDatagramReader(c, s.relayBufs)
+	if err != nil {
+		_ = c.Close()
+		s.ports.release(port)
+		return nil, nil, err
+	}
 	r := &relayConn{
 		UDPConn: c,
 		srv:     s,
 		port:    port,
 		addr:    net.UDPAddrFromAddrPort(netip.AddrPortFrom(s.relayIP, uint16(port))),
+		reader:  reader,
 	}
 	s.relays.add(r)
 	return r, r.addr, nil

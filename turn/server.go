@@ -78,6 +78,8 @@ type Server struct {
 	relays  *relayTable
 	streams *streamSet
 	metrics *metrics
+	// relayBufs are the relay sockets' read buffers (see datagramReader).
+	relayBufs *sync.Pool
 
 	draining  atomic.Bool
 	closing   chan struct{} // closed when Shutdown closes everything
@@ -120,6 +122,8 @@ func Start(cfg Config) (*Server, error) {
 		relays:  newRelayTable(),
 		streams: newStreamSet(streamCap(cfg.MaxAllocations), streamCap(cfg.MaxPerIP)),
 		closing: make(chan struct{}),
+
+		relayBufs: newRelayBufPool(),
 	}
 	var err error
 	if s.metrics, err = newMetrics(cfg.Metrics, s.relays); err != nil {
@@ -166,7 +170,7 @@ func Start(cfg Config) (*Server, error) {
 			OnChannelDeleted:    s.onChannelDeleted,
 		},
 		PacketConnConfigs: []pionturn.PacketConnConfig{{
-			PacketConn:            &udpConn{UDPConn: s.udp, srv: s, local: addrPort(s.udp.LocalAddr())},
+			PacketConn:            newUDPConn(s.udp, s),
 			RelayAddressGenerator: gen,
 			PermissionHandler:     permit,
 		}},

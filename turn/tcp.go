@@ -122,6 +122,9 @@ func (c *streamConn) Read(p []byte) (int, error) {
 			c.srv.relayUp(c.t, frame)
 			continue
 		}
+		if c.srv.relaySend(c.t, frame) {
+			continue
+		}
 		if c.srv.screen(c.t, frame, func(b []byte) { _, _ = c.Conn.Write(b) }) {
 			continue
 		}

@@ -4,28 +4,40 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+
+	"github.com/pion/stun/v3"
 )
 
 // udpConn is the UDP listener socket as pion sees it. Its ReadFrom relays
-// ChannelData itself and screens requests (see Server.screen); only the
-// rest of the control traffic reaches pion's read loop.
+// ChannelData and Send indications itself and screens requests (see
+// Server.screen); only the rest of the control traffic reaches pion's read
+// loop.
 type udpConn struct {
 	*net.UDPConn
 	srv   *Server
 	local netip.AddrPort
+	// buf takes any datagram (pion's own buffer is 1,600 bytes, its
+	// InboundMTU, and pion drops what does not fit). One reader: pion's
+	// read loop for this socket.
+	buf []byte
 }
 
-// ReadFrom implements net.PacketConn for pion's read loop, reading into
-// pion's own buffer so relayed bytes are never copied.
+func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
+	return &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), buf: make([]byte, maxDatagram+1)}
+}
+
+// ReadFrom implements net.PacketConn for pion's read loop. Relayed bytes
+// are sent on from our buffer without a copy; the control messages left
+// for pion are copied into p.
 func (c *udpConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	for {
-		n, src, err := c.UDPConn.ReadFromUDPAddrPort(p)
+		n, src, err := c.UDPConn.ReadFromUDPAddrPort(c.buf)
 		if err != nil {
 			return 0, nil, err
 		}
 		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
-		pkt := p[:n]
-		if n == len(p) {
+		pkt := c.buf[:n]
+		if n == len(c.buf) {
 			continue // possibly truncated: not a datagram any client sends us
 		}
 		t := tuple{client: src, server: c.local}
@@ -33,10 +45,16 @@ func (c *udpConn) ReadFrom(p []byte) (int, net.Addr, error) {
 			c.srv.relayUp(t, pkt)
 			continue
 		}
+		if c.srv.relaySend(t, pkt) {
+			continue
+		}
 		if c.srv.screen(t, pkt, func(b []byte) { _, _ = c.UDPConn.WriteToUDPAddrPort(b, src) }) {
 			continue
 		}
-		return n, net.UDPAddrFromAddrPort(src), nil
+		if n >= len(p) {
+			continue // pion would take it for truncated; no request is this big
+		}
+		return copy(p, pkt), net.UDPAddrFromAddrPort(src), nil
 	}
 }
 
@@ -61,4 +79,80 @@ func (s *Server) relayUp(t tuple, frame []byte) {
 	if r := s.relays.lookup(t); r != nil {
 		r.sendUp(binary.BigEndian.Uint16(frame[0:2]), frame[4:4+length])
 	}
+}
+
+// relaySend relays the data of a Send indication (RFC 8656 §11.2) from a
+// client to a peer it holds a permission for. It reports whether msg was a
+// Send indication, which pion then must not see: pion would drop one
+// bigger than its 1,600-byte read buffer, and this path, unlike pion's,
+// allocates nothing. Indications carry no credentials; as in pion, the
+// permission is what authorizes the datagram, and one for no allocation,
+// without a permission or malformed is dropped.
+func (s *Server) relaySend(t tuple, msg []byte) bool {
+	if len(msg) < 20 || binary.BigEndian.Uint16(msg[0:2]) != sendIndication {
+		return false
+	}
+	r := s.relays.lookup(t)
+	if r == nil {
+		return true
+	}
+	end := min(20+int(binary.BigEndian.Uint16(msg[2:4])), len(msg))
+	var (
+		peer    netip.AddrPort
+		data    []byte
+		hasData bool
+	)
+	for off := 20; off+4 <= end; {
+		typ := binary.BigEndian.Uint16(msg[off:])
+		n := int(binary.BigEndian.Uint16(msg[off+2:]))
+		v := msg[off+4 : min(off+4+n, end)]
+		if len(v) < n {
+			return true // truncated attribute
+		}
+		switch typ {
+		case uint16(stun.AttrXORPeerAddress):
+			if !peer.IsValid() {
+				peer = xorPeerAddress(v, msg[4:20])
+			}
+		case uint16(stun.AttrData):
+			data, hasData = v, true
+		}
+		off += 4 + (n+3)&^3
+	}
+	if !peer.IsValid() || !hasData {
+		return true
+	}
+	if rt := r.routes.Load(); rt == nil || !rt.perms[peer.Addr()] {
+		return true
+	}
+	if _, err := r.UDPConn.WriteToUDPAddrPort(data, peer); err == nil {
+		r.upPackets.Add(1)
+		r.upBytes.Add(uint64(len(data)))
+	}
+	return true
+}
+
+// xorPeerAddress decodes an XOR-PEER-ADDRESS value (RFC 8489 §14.2), XORed
+// with cookieAndID (the message's bytes 4-20); the zero AddrPort if
+// malformed. A v4-mapped IPv6 address is unmapped, as the permissions are.
+func xorPeerAddress(v, cookieAndID []byte) netip.AddrPort {
+	if len(v) < 8 {
+		return netip.AddrPort{}
+	}
+	port := binary.BigEndian.Uint16(v[2:4]) ^ uint16(magicCookie>>16)
+	switch {
+	case v[1] == 0x01 && len(v) == 8:
+		var ip [4]byte
+		for i := range ip {
+			ip[i] = v[4+i] ^ cookieAndID[i]
+		}
+		return netip.AddrPortFrom(netip.AddrFrom4(ip), port)
+	case v[1] == 0x02 && len(v) == 20:
+		var ip [16]byte
+		for i := range ip {
+			ip[i] = v[4+i] ^ cookieAndID[i]
+		}
+		return netip.AddrPortFrom(netip.AddrFrom16(ip).Unmap(), port)
+	}
+	return netip.AddrPort{}
 }
