@@ -24,6 +24,10 @@ const agentKeysUsage = `usage:
   edgerelay keys agent pair-key ACCOUNT [--ttl D] a single-use pairing key (default 15m), alone on the last line
   edgerelay keys agent instance list              list paired instances
   edgerelay keys agent instance revoke ID         revoke an instance and close its link
+
+Flags may stand before or after the arguments; -- ends them. Each command
+also takes --data-dir DIR and --admin-listen HOST:PORT (defaults from
+RELAY_DATA_DIR and RELAY_ADMIN_LISTEN).
 `
 
 // runAgentKeys is `edgerelay keys agent …`.
@@ -33,7 +37,6 @@ func runAgentKeys(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerelay keys agent: %v\n", err)
 		return 2
 	}
-	k := keysClient{dataDir: values.String(config.EnvDataDir), adminAddr: values.String(config.EnvAdminListen)}
 	verb := ""
 	if len(args) > 0 {
 		verb = args[0]
@@ -42,11 +45,11 @@ func runAgentKeys(args []string, stdout, stderr io.Writer) int {
 		verb, args = args[0]+" "+args[1], args[1:]
 	}
 	fs := flag.NewFlagSet("keys agent "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	k := keysFlags(fs, values)
 	ttl := fs.Duration("ttl", 15*time.Minute, "lifetime of a pairing key")
 	if len(args) > 0 {
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2
+		if code, ok := parseFlags(fs, args[1:], agentKeysUsage, stdout, stderr); !ok {
+			return code
 		}
 	}
 	arg := fs.Arg(0)

@@ -40,9 +40,7 @@ func runConformance(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, conformanceUsage)
 		return 2
 	}
-	fs := flag.NewFlagSet("edgerelay conformance channel", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {} // printed below, to stdout for --help and stderr otherwise
+	fs := flag.NewFlagSet("conformance channel", flag.ContinueOnError)
 	origin := fs.String("origin", "", "relay origin")
 	keyAFile := fs.String("key-a-file", "", "claim key A file")
 	keyBFile := fs.String("key-b-file", "", "claim key B file")
@@ -50,37 +48,29 @@ func runConformance(args []string, stdout, stderr io.Writer) int {
 	restartCmd := fs.String("restart-cmd", "", "restart command")
 	timeout := fs.Duration("timeout", channelcheck.DefaultTimeout, "bound of each check")
 	verbose := fs.Bool("verbose", false, "progress on stderr")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, conformanceUsage)
-			return 0
-		}
-		fmt.Fprint(stderr, conformanceUsage)
-		return 2
+	if code, ok := parseFlags(fs, args[1:], conformanceUsage, stdout, stderr); !ok {
+		return code
 	}
-	usageError := func(msg string) int {
-		fmt.Fprintf(stderr, "edgerelay conformance: %s\n\n%s", msg, conformanceUsage)
-		return 2
-	}
+	badUsage := func(msg string) int { return usageError(stderr, fs.Name(), msg, conformanceUsage) }
 	switch {
 	case fs.NArg() > 0:
-		return usageError(fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
+		return badUsage(fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 	case *origin == "" || *keyAFile == "" || *keyBFile == "":
-		return usageError("--origin, --key-a-file and --key-b-file are required")
+		return badUsage("--origin, --key-a-file and --key-b-file are required")
 	case *timeout <= 0:
-		return usageError("--timeout must be positive")
+		return badUsage("--timeout must be positive")
 	}
 
 	opts := channelcheck.Options{Origin: *origin, Timeout: *timeout}
 	var err error
 	if opts.KeyA, err = conformanceReadKey(*keyAFile); err != nil {
-		return usageError(err.Error())
+		return badUsage(err.Error())
 	}
 	if opts.KeyB, err = conformanceReadKey(*keyBFile); err != nil {
-		return usageError(err.Error())
+		return badUsage(err.Error())
 	}
 	if opts.TLSConfig, err = conformanceTLS(*caFile); err != nil {
-		return usageError(err.Error())
+		return badUsage(err.Error())
 	}
 	if *restartCmd != "" {
 		opts.Restart = conformanceRestartHook(*restartCmd, stderr)

@@ -28,7 +28,10 @@ const keysUsage = `usage:
 
 Each works against the running server (through RELAY_ADMIN_LISTEN and the
 admin token in RELAY_DATA_DIR) or, when no server runs, on the store itself.
-Flags: --data-dir DIR, --admin-listen HOST:PORT (default from RELAY_* like serve).
+Flags may stand before or after the arguments; -- ends them. keys channel and
+keys agent take --data-dir DIR and --admin-listen HOST:PORT (defaults from
+RELAY_DATA_DIR and RELAY_ADMIN_LISTEN, as serve reads them); keys push reads
+those two from the environment.
 `
 
 func runKeys(args []string, stdout, stderr io.Writer) int {
@@ -49,17 +52,19 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fs := flag.NewFlagSet("keys channel "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dataDir := fs.String("data-dir", values.String(config.EnvDataDir), "data dir of the relay")
-	adminAddr := fs.String("admin-listen", values.String(config.EnvAdminListen), "admin address of the running relay")
+	k := keysFlags(fs, values)
 	host := fs.String("host", "", "host name of the computer")
-	if err := fs.Parse(args[2:]); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args[2:], keysUsage, stdout, stderr); !ok {
+		return code
 	}
-	if *host == "" && fs.NArg() == 1 {
+	// The host is --host or the one positional argument, not both: a
+	// second name would otherwise be dropped without a word.
+	switch {
+	case fs.NArg() > 1 || fs.NArg() == 1 && (*host != "" || verb == "list"):
+		return usageError(stderr, fs.Name(), fmt.Sprintf("unexpected argument %q", fs.Arg(fs.NArg()-1)), keysUsage)
+	case fs.NArg() == 1:
 		*host = fs.Arg(0)
 	}
-	k := keysClient{dataDir: *dataDir, adminAddr: *adminAddr}
 	switch verb {
 	case "add":
 		if *host == "" {
@@ -99,6 +104,17 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return 0
+}
+
+// keysFlags defines the flags that every key command shares, --data-dir
+// and --admin-listen (defaults from RELAY_DATA_DIR and RELAY_ADMIN_LISTEN,
+// as serve reads them), and returns the client they configure once fs is
+// parsed.
+func keysFlags(fs *flag.FlagSet, values *config.Values) *keysClient {
+	k := &keysClient{}
+	fs.StringVar(&k.dataDir, "data-dir", values.String(config.EnvDataDir), "data dir of the relay")
+	fs.StringVar(&k.adminAddr, "admin-listen", values.String(config.EnvAdminListen), "admin address of the running relay")
+	return k
 }
 
 // keysClient reaches the key store through the running server when there

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +19,8 @@ commands:
   keys          manage keys: edgerelay keys channel add --host NAME | list | revoke --host NAME
   conformance   check a relay from the outside: edgerelay conformance channel --origin URL --key-a-file F --key-b-file F
   version       print the version
+
+Flags may stand before or after a command's arguments; -- ends them.
 `
 
 func main() {
@@ -36,6 +39,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "conformance":
 		return runConformance(args[1:], stdout, stderr)
 	case "version":
+		// No flags, but the same rule as every command: --help is help, and
+		// anything else is refused rather than ignored.
+		fs := flag.NewFlagSet("version", flag.ContinueOnError)
+		if code, ok := parseFlags(fs, args[1:], usageText, stdout, stderr); !ok {
+			return code
+		}
+		if fs.NArg() > 0 {
+			return usageError(stderr, "version", fmt.Sprintf("unexpected argument %q", fs.Arg(0)), usageText)
+		}
 		fmt.Fprintln(stdout, version())
 		return 0
 	case "help", "-h", "--help":

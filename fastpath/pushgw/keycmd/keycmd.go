@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"edgerelay/fastpath/admin"
+	"edgerelay/fastpath/admin/cliflag"
 	"edgerelay/fastpath/pushgw"
 	"edgerelay/store"
 )
@@ -67,11 +68,17 @@ func Run(args []string, cfg Config, stdout, stderr io.Writer) int {
 	expires := fs.String("expires", "", "expiry: RFC 3339 time or duration from now; empty: never")
 	mount := fs.String("mount", "", "fcm or apns, when the mounts keep separate key stores")
 	id := fs.String("id", "", "key id (from list)")
-	if err := fs.Parse(args[1:]); err != nil {
+	// Flags before or after the key id, as in every edgerelay command.
+	if err := cliflag.Parse(fs, args[1:]); err != nil {
 		return 2
 	}
-	if *id == "" && fs.NArg() == 1 {
+	perKey := verb == "disable" || verb == "enable" || verb == "revoke"
+	switch {
+	case perKey && *id == "" && fs.NArg() == 1:
 		*id = fs.Arg(0)
+	case fs.NArg() > 0: // never dropped without a word
+		fmt.Fprintf(stderr, "edgerelay keys push %s: unexpected argument %q\n\n%s", verb, fs.Arg(fs.NArg()-1), Usage)
+		return 2
 	}
 	if *mount != "" && *mount != pushgw.ProviderFCM && *mount != pushgw.ProviderAPNs {
 		fmt.Fprintf(stderr, "edgerelay keys push: --mount is fcm or apns\n")
