@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/stun/v3"
+
 	"edgerelay/turn/turntest"
 )
 
@@ -52,5 +54,45 @@ func TestRelayAllocs(t *testing.T) {
 		if allocs := testing.AllocsPerRun(2000, roundTrip); allocs != 0 {
 			t.Errorf("%d B payload: %v allocations per relayed round trip, want 0", size, allocs)
 		}
+	}
+}
+
+// TestIndicationAllocs proves the same of Send and Data indications (a
+// client that has not bound a channel): client to peer as a Send
+// indication, peer to client as a Data indication, both built and parsed
+// by our code rather than pion's.
+func TestIndicationAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own; make test runs this without it")
+	}
+	s, _ := testServer(t, nil)
+	peer := echoPeer(t)
+	c := rawClient(t, s, "udp", "indication-allocs")
+	allocate(t, c)
+	peerAddr := peer.Addr().AddrPort()
+	if code, _ := request(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
+		t.Fatalf("CreatePermission: %d", code)
+	}
+	send := turntest.SendIndication(peerAddr, make([]byte, 1200))
+	conn := c.Conn()
+	_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // once: a deadline per read would allocate
+	buf := make([]byte, 2048)
+	roundTrip := func() {
+		if _, err := conn.Write(send); err != nil {
+			t.Fatal(err)
+		}
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < 20 || buf[0] != 0x00 || buf[1] != 0x17 {
+			t.Fatalf("got %x, want a Data indication", buf[:min(n, 20)])
+		}
+	}
+	for range 100 {
+		roundTrip()
+	}
+	if allocs := testing.AllocsPerRun(2000, roundTrip); allocs != 0 {
+		t.Errorf("%v allocations per relayed round trip of indications, want 0", allocs)
 	}
 }

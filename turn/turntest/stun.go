@@ -49,6 +49,9 @@ func (c *STUNClient) As(user, pass string) *STUNClient {
 	return &STUNClient{conn: c.conn, stream: c.stream, r: c.r, user: user, pass: pass, readTimeout: c.readTimeout}
 }
 
+// Conn is the client's socket, for a test's own data path.
+func (c *STUNClient) Conn() net.Conn { return c.conn }
+
 // Close closes the connection.
 func (c *STUNClient) Close() error { return c.conn.Close() }
 
