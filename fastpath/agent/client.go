@@ -2,8 +2,8 @@ package agent
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
@@ -37,6 +37,9 @@ type attachment struct {
 	conn *ws.Conn
 	// detached is set once the instance has been told the client left.
 	detached atomic.Bool
+	// charged is this attachment's share of in.queued: what its queue
+	// held when makeRoom last asked, plus the frames routed to it since.
+	charged atomic.Int64
 
 	// Scratch buffers of the client's reading goroutine.
 	buf []byte // the spliced line
@@ -138,7 +141,7 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 	a.id = []byte(a.name)
 	opts := ws.Options{
 		MaxMessage:   h.cfg.MaxClientMessage,
-		MaxQueue:     h.cfg.ClientQueue,
+		MaxQueue:     h.cfg.ClientQueue + maxClientFrame, // any frame fits into a queue holding ClientQueue
 		OverflowCode: ws.CloseTryAgainLater,
 		PingInterval: h.cfg.ClientPing,
 	}
@@ -196,6 +199,7 @@ func (h *Handler) detach(a *attachment, buf []byte) {
 	if in.atts[a.name] == a {
 		delete(in.atts, a.name)
 		in.publishRoutesLocked()
+		in.queued.Add(-a.charged.Swap(0))
 	}
 	l := in.link
 	in.mu.Unlock()
@@ -296,28 +300,11 @@ func (h *Handler) answer(a *attachment, re []byte, code, message string) {
 }
 
 // answerMalformed answers malformed_frame if the dropped message was a
-// request, which takes finding its id in a message that did not validate.
-// This is the error path, so encoding/json may do the finding; an id that
+// request: one whose top-level object, as far as it goes, has an id
+// (requestID), however deep it nests or wherever it breaks. An id that
 // could not be a valid re is not answered.
 func (h *Handler) answerMalformed(a *attachment, msg []byte, cause error) {
-	var id []byte
-	// A message that is valid but for raw line breaks scans once they are
-	// blanks; its id is then read exactly as the scanner reads ids.
-	cleaned := bytes.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' {
-			return ' '
-		}
-		return r
-	}, msg)
-	if f, err := ndjson.Scan(cleaned); err == nil {
-		id = f.ID.AppendValue(nil, cleaned)
-	} else {
-		var req struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(msg, &req) // a field of the wrong type leaves the others decoded
-		id = []byte(req.ID)
-	}
+	id := requestID(msg)
 	if !usableID(id) {
 		return
 	}
@@ -328,6 +315,8 @@ func (h *Handler) answerMalformed(a *attachment, msg []byte, cause error) {
 		message = "malformed frame: " + strings.TrimPrefix(cause.Error(), "ndjson: ")
 	case bytes.ContainsAny(msg, "\r\n"):
 		message = "malformed frame: a raw line break"
+	case errors.Is(cause, ndjson.ErrTooDeep):
+		message = "malformed frame: nested deeper than " + strconv.Itoa(ndjson.MaxDepth) + " levels"
 	}
 	h.answer(a, re[1:len(re)-1], codeMalformedFrame, message)
 }

@@ -26,7 +26,8 @@ const (
 	DefaultHeartbeatTimeout = 10 * time.Second
 	DefaultHelloTimeout     = 10 * time.Second
 	DefaultMaxAttachments   = 64
-	DefaultClientQueue      = 4 << 20
+	DefaultClientQueue      = maxClientFrame
+	DefaultInstanceQueue    = 64 << 20
 	DefaultLinkQueue        = 2 * ndjson.MaxLine
 	DefaultClientPing       = 30 * time.Second
 	DefaultWriteTimeout     = 20 * time.Second
@@ -55,11 +56,20 @@ type Config struct {
 	// MaxAttachments is how many clients one instance may have attached;
 	// one more is refused with 429. The runtime's own limit is 64.
 	MaxAttachments int
-	// ClientQueue bounds each client's send queue in bytes; a client that
-	// lets it overflow is closed with 1013. A frame larger than the bound
-	// can never be delivered to a client, so raise it if instances send
-	// bigger frames than 4 MiB.
+	// ClientQueue is how much an attachment's send queue may hold and
+	// still take the next frame of any size: the queue is ClientQueue
+	// plus the largest frame (maxClientFrame) big, and a frame that does
+	// not fit closes the client with 1013. The default is one frame of
+	// the largest size, so that a client that reads gets frames of the
+	// largest size back to back (one is still being written when the next
+	// comes).
 	ClientQueue int
+	// InstanceQueue bounds the bytes queued for all attachments of one
+	// instance together. A frame that would take them past it closes the
+	// attachment holding the most with 1013 (and tells the instance with
+	// acp.detach), as often as it takes for the frame to fit. Never less
+	// than one attachment's whole queue.
+	InstanceQueue int
 	// LinkQueue bounds each instance link's send queue in bytes; never
 	// less than one line of the largest size (16 MiB). A client frame
 	// that does not fit waits for room.
@@ -78,6 +88,11 @@ type Config struct {
 	// Now is the clock for pairing expiry (time.Now by default).
 	Now func() time.Time
 }
+
+// maxClientFrame is the most a frame from the instance takes in a client's
+// send queue: the longest line without its line feed, behind the longest
+// WebSocket frame header.
+const maxClientFrame = ndjson.MaxLine - 1 + 10
 
 // spliceRoom is what a splice may add to a client message: the instance
 // and session members with their values fully escaped.
@@ -121,6 +136,12 @@ type instance struct {
 	// so a lookup per frame takes no lock.
 	cur    atomic.Pointer[link]
 	routes atomic.Pointer[map[string]*attachment]
+
+	// queued is at least what the instance's frames hold in its
+	// attachments' queues (the sum of their charged): frames routed add to
+	// it, and only makeRoom, which asks the queues, brings it down, so
+	// that the routing path checks InstanceQueue with two atomic adds.
+	queued atomic.Int64
 }
 
 // New returns a Handler.
@@ -145,6 +166,8 @@ func New(cfg Config) (*Handler, error) {
 	setDefault(&cfg.HelloTimeout, DefaultHelloTimeout)
 	setDefault(&cfg.MaxAttachments, DefaultMaxAttachments)
 	setDefault(&cfg.ClientQueue, DefaultClientQueue)
+	setDefault(&cfg.InstanceQueue, DefaultInstanceQueue)
+	cfg.InstanceQueue = max(cfg.InstanceQueue, cfg.ClientQueue+maxClientFrame)
 	setDefault(&cfg.LinkQueue, DefaultLinkQueue)
 	setDefault(&cfg.MaxClientMessage, ndjson.MaxLine-1-spliceRoom)
 	setDefault(&cfg.ClientPing, DefaultClientPing)

@@ -13,13 +13,16 @@ import (
 const ProtocolVersion = 1
 
 // helloPayload is the payload of relay.hello. The handshake happens once
-// per link, so it is decoded with encoding/json, which reads it exactly as
-// librelay wrote it (the nonce is a []byte: padded standard base64).
+// per link, so it is decoded with encoding/json, which matches keys as
+// librelay's decoder does (case-insensitively, the last duplicate winning).
+// The version and the nonce are kept raw so that their JSON types are
+// checked here: encoding/json would take "1" (a string) for a version and
+// leave "" and null alike as an empty nonce.
 type helloPayload struct {
-	ProtocolVersion json.Number `json:"protocol_version"`
-	Instance        string      `json:"instance"`
-	Agent           string      `json:"agent"`
-	Nonce           []byte      `json:"nonce"`
+	ProtocolVersion json.RawMessage `json:"protocol_version"`
+	Instance        string          `json:"instance"`
+	Agent           string          `json:"agent"`
+	Nonce           json.RawMessage `json:"nonce"`
 }
 
 // handshake reads the hello and returns the welcome to send, or answers
@@ -61,40 +64,59 @@ func (h *Handler) handshake(l *link) ([]byte, bool) {
 		return nil, false
 	}
 
-	// The hello must name the instance the bearer token belongs to, in
-	// the payload (which the connector signs over) and in the envelope.
+	// The hello must name the instance the bearer token belongs to in the
+	// payload, where librelay's Hello carries it (an empty or null one
+	// names none), and the envelope may not name another.
 	want := l.in.name
-	claimed := p.Instance
-	if claimed == "" {
-		claimed = string(f.Instance.AppendValue(nil, line))
-	}
-	if claimed != want || (f.Instance.Present() && !f.Instance.Equal(line, want)) {
+	if p.Instance != want || (f.Instance.Present() && !f.Instance.Equal(line, want)) {
 		h.refuseHello(l, line, &f, "unknown_instance", codeUnknownInstance, "the token belongs to another instance")
 		return nil, false
 	}
 
-	// protocol_version = min(hello's, ours); the hello's must be at least 1.
-	offered, err := strconv.ParseUint(p.ProtocolVersion.String(), 10, 64)
-	if (err != nil && !errors.Is(err, strconv.ErrRange)) || offered < 1 {
+	// protocol_version = min(hello's, ours); the hello's must be a JSON
+	// integer of at least 1.
+	version, ok := helloVersion(p.ProtocolVersion)
+	if !ok {
 		h.refuseHello(l, line, &f, "unsupported_version", codeUnsupportedVersion, "protocol_version must be an integer of at least 1")
 		return nil, false
 	}
-	version := ProtocolVersion
-	if err == nil && offered < ProtocolVersion {
-		version = int(offered)
-	}
 
-	// No nonce: no sig. A nonce beyond 64 bytes is refused: it bounds
-	// what an unauthenticated peer can make the relay sign.
+	// No nonce (absent or null): no sig. A nonce is a string of padded
+	// base64 holding 1 to 64 bytes: an empty one is refused like any nonce
+	// of 0 bytes, and the upper bound limits what an unauthenticated peer
+	// can make the relay sign.
 	var sig []byte
-	if len(p.Nonce) > 0 {
-		sig, err = SignWelcome(h.cfg.Key, p.Nonce, version, want)
-		if err != nil {
-			h.refuseHello(l, line, &f, "malformed", codeMalformedFrame, "nonce longer than 64 bytes")
+	if len(p.Nonce) > 0 && string(p.Nonce) != "null" {
+		var nonce []byte
+		if p.Nonce[0] != '"' || json.Unmarshal(p.Nonce, &nonce) != nil {
+			h.refuseHello(l, line, &f, "malformed", codeMalformedFrame, "nonce is not a base64 string")
+			return nil, false
+		}
+		var err error
+		if sig, err = SignWelcome(h.cfg.Key, nonce, version, want); err != nil {
+			h.refuseHello(l, line, &f, "malformed", codeMalformedFrame, "nonce must hold 1 to 64 bytes")
 			return nil, false
 		}
 	}
 	return appendWelcome(nil, l.in.id, f.ID.Raw(line), version, h.cfg.RelayName, sig), true
+}
+
+// helloVersion is the version selected for a hello's raw protocol_version:
+// min(it, ProtocolVersion), when it is a JSON integer of at least 1.
+func helloVersion(raw json.RawMessage) (int, bool) {
+	if len(raw) == 0 || raw[0] < '0' || raw[0] > '9' {
+		return 0, false // absent, null, negative, or not a number at all
+	}
+	offered, err := strconv.ParseUint(string(raw), 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return ProtocolVersion, true // a huge integer is still more than ours
+	case err != nil || offered < 1:
+		return 0, false // 1.0, 1e0, 0
+	case offered < ProtocolVersion:
+		return int(offered), true
+	}
+	return ProtocolVersion, true
 }
 
 // refuseHello answers a hello that cannot be welcomed with relay.error and

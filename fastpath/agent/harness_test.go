@@ -50,6 +50,7 @@ type relayOpts struct {
 	heartbeatEvery, heartbeatTimeout time.Duration
 	helloTimeout                     time.Duration
 	clientQueue                      int
+	instanceQueue                    int
 	maxAttachments                   int
 	maxClientMessage                 int
 	clientPing                       time.Duration
@@ -119,6 +120,7 @@ func startRelay(t testing.TB, o relayOpts) *relay {
 		HeartbeatTimeout: o.heartbeatTimeout,
 		HelloTimeout:     o.helloTimeout,
 		ClientQueue:      o.clientQueue,
+		InstanceQueue:    o.instanceQueue,
 		MaxAttachments:   o.maxAttachments,
 		MaxClientMessage: o.maxClientMessage,
 		ClientPing:       o.clientPing,

@@ -138,7 +138,10 @@ func (l *link) send(frame []byte) {
 // connect serves GET /v1/connect: authenticate the bearer, upgrade, and
 // hand the connection to serveLink.
 func (h *Handler) connect(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() || !headerHasToken(ctx.Request.Header.Peek("Connection"), "upgrade") ||
+	// An HTTP/1.0 server must ignore Upgrade (RFC 9110 7.8): such a
+	// request is no upgrade.
+	if !ctx.IsGet() || !ctx.Request.Header.IsHTTP11() ||
+		!headerHasToken(ctx.Request.Header.Peek("Connection"), "upgrade") ||
 		!headerHasToken(ctx.Request.Header.Peek("Upgrade"), UpgradeProtocol) {
 		h.m.refused.WithLabelValues("not_upgrade").Inc()
 		answerError(ctx, fasthttp.StatusBadRequest, "GET with Upgrade: contenox-relay/1 required")
@@ -362,16 +365,71 @@ func (h *Handler) toClient(l *link, line []byte, f *ndjson.Frame) {
 		h.m.dropUnknownSession.Inc()
 		return
 	}
+	// The instance's budget first: in.queued overestimates what its
+	// clients' queues hold, so while the frame fits under it nothing more
+	// is asked; when it does not, makeRoom finds out, and closes the
+	// slowest clients if it must.
+	n := int64(len(line) + 10) // the frame with the longest header
+	if in.queued.Load()+n > int64(h.cfg.InstanceQueue) && !h.makeRoom(l, a, n) {
+		h.m.dropClientOverflow.Inc()
+		return
+	}
 	// A full queue closes that client with 1013 and detaches it at once;
 	// the instance and every other client keep flowing.
 	if err := a.conn.WriteText(line); err != nil {
 		h.m.dropClientOverflow.Inc()
 		if errors.Is(err, ws.ErrQueueFull) {
+			h.m.slowClientQueue.Inc()
 			h.detach(a, l.out[:0])
 		}
 		return
 	}
+	a.charged.Add(n)
+	in.queued.Add(n)
 	h.m.toClient.Inc()
+}
+
+// makeRoom is called when a frame of n bytes for a would take the
+// instance's estimate past InstanceQueue. It asks every attachment's queue
+// what it holds, and while the frame still does not fit, closes the
+// attachment holding the most with 1013 (its backlog is dropped, as at an
+// overflow of its own queue) and detaches it. It reports whether a is
+// still attached to take the frame. The error path, so it may take time
+// in proportion to the attachments; it allocates nothing.
+func (h *Handler) makeRoom(l *link, a *attachment, n int64) bool {
+	in := a.in
+	budget := int64(h.cfg.InstanceQueue)
+	// Each round detaches one attachment; the bound only guards against a
+	// detach that another goroutine has begun and not yet published.
+	for range h.cfg.MaxAttachments + 1 {
+		routes := in.routes.Load()
+		if routes == nil {
+			return false
+		}
+		var total int64
+		var slowest *attachment
+		most := int64(-1)
+		for _, b := range *routes {
+			q := int64(b.conn.Queued())
+			b.charged.Store(q)
+			total += q
+			if q > most {
+				slowest, most = b, q
+			}
+		}
+		in.queued.Store(total)
+		if total+n <= budget || slowest == nil {
+			return true
+		}
+		h.m.slowClientInstance.Inc()
+		h.log.Info("client closed: the instance's clients hold too much unsent", "instance", in.name, "queued", total)
+		slowest.conn.CloseOverflow()
+		h.detach(slowest, l.out[:0])
+		if slowest == a {
+			return false
+		}
+	}
+	return false
 }
 
 // linkControl handles a relay.* frame from the instance.

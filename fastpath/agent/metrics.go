@@ -14,10 +14,12 @@ type Metrics struct {
 	refused     *prometheus.CounterVec
 	redeems     *prometheus.CounterVec
 	dropped     *prometheus.CounterVec
+	slowClosed  *prometheus.CounterVec
 
 	// Resolved once, so that the routing path does no label lookup.
 	dropLinkMalformed, dropNoSession, dropUnknownSession, dropWrongInstance prometheus.Counter
 	dropClientMalformed, dropOffline, dropTooLong, dropClientOverflow       prometheus.Counter
+	slowClientQueue, slowClientInstance                                     prometheus.Counter
 }
 
 // Reasons a routed frame is dropped.
@@ -62,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgerelay_agent_frames_dropped_total", Help: "Frames dropped instead of routed, by reason.",
 		}, []string{"reason"}),
+		slowClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgerelay_agent_slow_clients_closed_total",
+			Help: "Clients closed with 1013 for not reading: queue=client when its own send queue was full, queue=instance when the instance's clients together held InstanceQueue.",
+		}, []string{"queue"}),
 	}
 	// Every series exists from the start, at zero, so that rate() and
 	// alerts work before the first event.
@@ -88,9 +94,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.dropOffline = m.dropped.WithLabelValues("instance_offline")
 	m.dropTooLong = m.dropped.WithLabelValues("too_long")
 	m.dropClientOverflow = m.dropped.WithLabelValues("client_overflow")
+	m.slowClientQueue = m.slowClosed.WithLabelValues("client")
+	m.slowClientInstance = m.slowClosed.WithLabelValues("instance")
 	if reg != nil {
 		reg.MustRegister(m.links, m.attachments, m.toClient, m.toInstance, m.handshakes, m.linkEnds,
-			m.refused, m.redeems, m.dropped)
+			m.refused, m.redeems, m.dropped, m.slowClosed)
 	}
 	return m
 }
