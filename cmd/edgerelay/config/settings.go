@@ -188,7 +188,7 @@ func table() []Setting {
 	add(GroupTURN, EnvTURNRelayIP, KindIP, "",
 		"Public IP address TURN advertises for relayed addresses; set it when the listen address is not the address clients reach.")
 	add(GroupTURN, EnvTURNAllowPeers, KindCIDRs, "",
-		"Comma-separated CIDRs that relayed traffic may reach despite the default deny of internal addresses, e.g. 10.1.0.0/16,192.168.5.7.")
+		"Comma-separated CIDRs that relayed traffic may reach despite the default deny of every address that is not globally reachable, e.g. 10.1.0.0/16,192.168.5.7.")
 
 	add(GroupMailbox, EnvApps, KindString, "",
 		`Mailbox apps separated by ";", each name or name:opt,opt with opts push=<APNs topic>, signal, ice; e.g. "notes;chat:push=com.example.chat,signal,ice" (spec/mailbox.md).`)
