@@ -18,12 +18,16 @@ import (
 //
 //	'g' <scope> 'k' <sha256 api key>        key hash index -> key id
 //	'g' <scope> 'i' <key id>                key record (JSON pushKeyRecord)
-//	'g' <scope> 'b' <address bucket>        the bucket's self-registered key id
+//	'g' <scope> 'b' <mount> '|' <bucket>    the mount's self-registered key id for an address bucket
 //	'g' <scope> 't' <sha256 device token>   claim: confirmed (1) | claimed at (8 BE, unix ms) | owner key id
 //	'g' <scope> 'd' <UTC day 8 BE>          budget: sends reserved that day (8 BE)
 //
 // scope is 's' for the key store both mounts share, 'f' or 'a' for the
-// FCM or APNs mount's own store when the operator keeps them apart.
+// FCM or APNs mount's own store when the operator keeps them apart. The
+// one-key-per-address slot is per mount even in the shared store, as with
+// the reference's two deployments: a server registers on both mounts from
+// one address and keeps both keys. A key registered before slots had a
+// mount holds the legacy slot 'b' <bucket> until it is revoked.
 // API keys and device tokens exist here only as SHA-256 digests; key ids
 // are random UUIDs and address buckets are IPv4 addresses or IPv6 /64
 // prefixes, neither of them a secret.
@@ -98,6 +102,21 @@ type PushKey struct {
 	// RegisteredIP is the address bucket a self-registered key was minted
 	// for, "" for the operator's keys.
 	RegisteredIP string
+	// Mount is the gateway mount ("fcm", "apns") a self-registered key was
+	// minted on: the address slot it holds is the mount's. "" for the
+	// operator's keys and for keys registered before slots had a mount.
+	Mount string
+}
+
+// slot names the one-key-per-address slot a self-registered key holds:
+// its mount's, for its address bucket. Buckets (IPv4 addresses, IPv6 /64
+// prefixes) hold no '|'; a key without a mount holds the legacy slot, the
+// bare bucket.
+func (k *PushKey) slot() string {
+	if k.Mount == "" {
+		return k.RegisteredIP
+	}
+	return k.Mount + "|" + k.RegisteredIP
 }
 
 // Expired reports whether the key has expired at now.
@@ -120,12 +139,13 @@ type pushKeyRecord struct {
 	ExpiresAt    *time.Time `json:"expiresAt"`
 	Source       string     `json:"source"`
 	RegisteredIP *string    `json:"registeredIp"`
+	Mount        string     `json:"mount,omitempty"`
 }
 
 func toPushKeyRecord(k *PushKey) pushKeyRecord {
 	rec := pushKeyRecord{
 		ID: k.ID, Hash: hex.EncodeToString(k.Hash[:]), Label: k.Label, Enabled: k.Enabled,
-		CreatedAt: k.CreatedAt.UTC(), Source: k.Source,
+		CreatedAt: k.CreatedAt.UTC(), Source: k.Source, Mount: k.Mount,
 	}
 	if !k.ExpiresAt.IsZero() {
 		t := k.ExpiresAt.UTC()
@@ -139,7 +159,7 @@ func toPushKeyRecord(k *PushKey) pushKeyRecord {
 }
 
 func fromPushKeyRecord(rec pushKeyRecord) (PushKey, error) {
-	k := PushKey{ID: rec.ID, Label: rec.Label, Enabled: rec.Enabled, CreatedAt: rec.CreatedAt, Source: rec.Source}
+	k := PushKey{ID: rec.ID, Label: rec.Label, Enabled: rec.Enabled, CreatedAt: rec.CreatedAt, Source: rec.Source, Mount: rec.Mount}
 	raw, err := hex.DecodeString(rec.Hash)
 	if err != nil || len(raw) != HashLen {
 		return k, fmt.Errorf("store: push key %q: bad hash", rec.ID)
@@ -173,7 +193,7 @@ type PushGateway struct {
 	keysMu   sync.RWMutex
 	byHash   map[Hash]*PushKey
 	byID     map[string]*PushKey
-	byBucket map[string]string // address bucket -> key id
+	byBucket map[string]string // address slot (PushKey.slot) -> key id
 
 	epochs  atomic.Uint64 // claim epochs, to tell a settle of a taken-over claim
 	stripes [claimStripes]claimStripe
@@ -308,10 +328,11 @@ func (g *PushGateway) AddKey(k PushKey) error {
 }
 
 // RegisterKey stores a new self-registered key for the address bucket
-// k.RegisteredIP and, in the same commit, revokes the key that bucket had:
-// one active key per bucket. Racing registrations are serialized, so of
-// any number of them exactly one key survives (the last to commit). It
-// returns the superseded key, if there was one.
+// k.RegisteredIP on the mount k.Mount and, in the same commit, revokes the
+// key that slot had: one active key per bucket and mount. Racing
+// registrations are serialized, so of any number of them exactly one key
+// survives (the last to commit). It returns the superseded key, if there
+// was one.
 func (g *PushGateway) RegisterKey(k PushKey) (superseded *PushKey, err error) {
 	if k.RegisteredIP == "" {
 		return nil, errors.New("store: a registered key needs its address bucket")
@@ -341,14 +362,14 @@ func (g *PushGateway) putKey(k PushKey, register bool) (*PushKey, error) {
 		{g.key(kindGatewayKeyHash, k.Hash[:]), []byte(k.ID)},
 	}
 	if register {
-		if id, ok := g.byBucket[k.RegisteredIP]; ok && g.byID[id] != nil {
+		if id, ok := g.byBucket[k.slot()]; ok && g.byID[id] != nil {
 			old = g.byID[id]
 			if err := g.deleteKeyRecords(b, old); err != nil {
 				b.Discard()
 				return nil, err
 			}
 		}
-		sets = append(sets, [2][]byte{g.key(kindGatewayBucket, []byte(k.RegisteredIP)), []byte(k.ID)})
+		sets = append(sets, [2][]byte{g.key(kindGatewayBucket, []byte(k.slot())), []byte(k.ID)})
 	}
 	for _, kv := range sets {
 		if err := b.Set(kv[0], kv[1]); err != nil {
@@ -367,7 +388,7 @@ func (g *PushGateway) putKey(k PushKey, register bool) (*PushKey, error) {
 	g.byID[k.ID] = &k
 	g.byHash[k.Hash] = &k
 	if register {
-		g.byBucket[k.RegisteredIP] = k.ID
+		g.byBucket[k.slot()] = k.ID
 	}
 	if old != nil {
 		c := *old
@@ -385,8 +406,8 @@ func (g *PushGateway) deleteKeyRecords(b *Batch, k *PushKey) error {
 	if err := b.Delete(g.key(kindGatewayKeyHash, k.Hash[:])); err != nil {
 		return err
 	}
-	if k.RegisteredIP != "" && g.byBucket[k.RegisteredIP] == k.ID {
-		return b.Delete(g.key(kindGatewayBucket, []byte(k.RegisteredIP)))
+	if k.RegisteredIP != "" && g.byBucket[k.slot()] == k.ID {
+		return b.Delete(g.key(kindGatewayBucket, []byte(k.slot())))
 	}
 	return nil
 }
@@ -395,8 +416,8 @@ func (g *PushGateway) deleteKeyRecords(b *Batch, k *PushKey) error {
 func (g *PushGateway) forget(k *PushKey) {
 	delete(g.byID, k.ID)
 	delete(g.byHash, k.Hash)
-	if k.RegisteredIP != "" && g.byBucket[k.RegisteredIP] == k.ID {
-		delete(g.byBucket, k.RegisteredIP)
+	if k.RegisteredIP != "" && g.byBucket[k.slot()] == k.ID {
+		delete(g.byBucket, k.slot())
 	}
 }
 

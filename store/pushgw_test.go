@@ -98,6 +98,73 @@ func TestPushKeysSurviveReopenAndScopesAreApart(t *testing.T) {
 	}
 }
 
+// In the shared store the one-key-per-address slot is per mount: a server
+// that registers on the FCM mount and then on the APNs mount from one
+// address keeps both keys; registering again on one mount supersedes only
+// that mount's key, also after a restart. A key registered before slots
+// had a mount keeps the legacy slot: no new registration revokes it.
+func TestRegistrationSlotPerMount(t *testing.T) {
+	dir := t.TempDir()
+	db := openTemp(t, dir)
+	g := openGateway(t, db, PushScopeShared)
+	now := time.Now()
+	reg := func(g *PushGateway, id, mount string) *PushKey {
+		t.Helper()
+		k := pushKey(id, now)
+		k.Source, k.RegisteredIP, k.Mount = PushSourceSelf, "203.0.113.7", mount
+		old, err := g.RegisterKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return old
+	}
+	legacy := reg(g, "legacy", "") // as written before slots had a mount
+	if legacy != nil {
+		t.Fatal(legacy)
+	}
+	if old := reg(g, "f1", "fcm"); old != nil {
+		t.Fatalf("first FCM registration superseded %+v", old)
+	}
+	if old := reg(g, "a1", "apns"); old != nil {
+		t.Fatalf("the APNs registration superseded the FCM key %+v", old)
+	}
+	for _, id := range []string{"legacy", "f1", "a1"} {
+		if _, ok := g.KeyByHash(h("key-" + id)); !ok {
+			t.Fatalf("key %s lost", id)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openTemp(t, dir)
+	defer db.Close()
+	g = openGateway(t, db, PushScopeShared)
+	if got, ok := g.KeyByID("a1"); !ok || got.Mount != "apns" || got.RegisteredIP != "203.0.113.7" {
+		t.Fatalf("a1 after reopen: %+v %v", got, ok)
+	}
+	if old := reg(g, "f2", "fcm"); old == nil || old.ID != "f1" {
+		t.Fatalf("FCM re-registration superseded %+v, want f1", old)
+	}
+	if _, ok := g.KeyByHash(h("key-f1")); ok {
+		t.Fatal("superseded FCM key still known")
+	}
+	for _, id := range []string{"legacy", "f2", "a1"} {
+		if _, ok := g.KeyByHash(h("key-" + id)); !ok {
+			t.Fatalf("key %s lost by the FCM re-registration", id)
+		}
+	}
+	// Revoking the APNs key frees only its slot.
+	if err := g.DeleteKey("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if old := reg(g, "a2", "apns"); old != nil {
+		t.Fatalf("registration after revoke superseded %+v", old)
+	}
+	if n := len(g.Keys()); n != 3 {
+		t.Fatalf("%d keys, want legacy, f2 and a2", n)
+	}
+}
+
 func TestRacingRegistrationsLeaveOneKey(t *testing.T) {
 	db := openTemp(t, t.TempDir())
 	defer db.Close()

@@ -19,7 +19,7 @@ import (
 type stubSender struct{}
 
 func (stubSender) send(_ context.Context, msg *sendMessage, buf []byte) delivery {
-	_ = appendAPNsPayload(buf[:0], msg)
+	_ = appendAPNsPayload(buf[:0], msg, apnsCategory(msg))
 	return delivery{outcome: delivered, status: 200}
 }
 func (stubSender) name() string { return "stub" }

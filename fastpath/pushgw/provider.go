@@ -32,6 +32,8 @@ type delivery struct {
 	// (clipped there); they never reach the caller.
 	status int
 	detail string
+	// clipped: the payload was clipped to the provider's limit first.
+	clipped *clipping
 }
 
 // sender delivers one validated message through a provider.
@@ -51,18 +53,25 @@ type apnsSender struct {
 
 func (s *apnsSender) name() string { return ProviderAPNs }
 
-// appendAPNsPayload writes the notification: every data entry as a
-// top-level string, then "aps" last so that data cannot replace it (a data
-// entry named "aps" is dropped). The category tells the app's
-// notification extension what it is looking at.
-func appendAPNsPayload(b []byte, msg *sendMessage) []byte {
-	b = append(b, '{')
-	category := "MAIL_NOTIFICATION"
+// apnsCategory tells the app's notification extension what it is
+// looking at: MFA_CHALLENGE when data.type is "mfa_challenge".
+func apnsCategory(msg *sendMessage) string {
 	for _, e := range msg.data {
 		if string(e.key) == "type" && string(e.val) == "mfa_challenge" {
-			category = "MFA_CHALLENGE"
+			return "MFA_CHALLENGE"
 		}
-		if string(e.key) == "aps" {
+	}
+	return "MAIL_NOTIFICATION"
+}
+
+// appendAPNsPayload writes the notification: every data entry as a
+// top-level string, then "aps" last so that data cannot replace it (a data
+// entry named "aps" is dropped), with category (apnsCategory, decided
+// before any clipping).
+func appendAPNsPayload(b []byte, msg *sendMessage, category string) []byte {
+	b = append(b, '{')
+	for _, e := range msg.data {
+		if apnsSkips(e.key) {
 			continue
 		}
 		b = appendJSONString(b, e.key)
@@ -83,7 +92,9 @@ func (s *apnsSender) send(ctx context.Context, msg *sendMessage, buf []byte) del
 	// The payload is handed to net/http, which may still read it after
 	// Send returns (an HTTP/2 answer can arrive before the body is
 	// written); it gets its own copy, never the pooled buffer.
-	payload := bytes.Clone(appendAPNsPayload(buf[:0], msg))
+	category := apnsCategory(msg)
+	clipped := fit(msg, apnsMaxPayload, func(m *sendMessage) int { return apnsPayloadLen(m, category) }, apnsSkips, true)
+	payload := bytes.Clone(appendAPNsPayload(buf[:0], msg, category))
 	res, err := s.c.Send(ctx, apns.Notification{
 		DeviceToken: string(msg.token),
 		Topic:       s.topic,
@@ -91,6 +102,12 @@ func (s *apnsSender) send(ctx context.Context, msg *sendMessage, buf []byte) del
 		Priority:    apns.PriorityHigh,
 		Payload:     payload,
 	})
+	d := apnsDelivery(res, err)
+	d.clipped = clipped
+	return d
+}
+
+func apnsDelivery(res apns.Result, err error) delivery {
 	if err != nil {
 		return sendError(err)
 	}
@@ -130,7 +147,15 @@ func appendFCMMessage(b []byte, msg *sendMessage) []byte {
 }
 
 func (s *fcmSender) send(ctx context.Context, msg *sendMessage, buf []byte) delivery {
+	// Title and body are not forwarded: only data values are clipped.
+	clipped := fit(msg, fcmMaxData, fcmDataLen, skipNone, false)
 	res, err := s.c.Send(ctx, bytes.Clone(appendFCMMessage(buf[:0], msg)))
+	d := fcmDelivery(res, err)
+	d.clipped = clipped
+	return d
+}
+
+func fcmDelivery(res fcm.Result, err error) delivery {
 	if err != nil {
 		return sendError(err)
 	}

@@ -68,7 +68,7 @@ func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
 	id := newID()
 	rec := store.PushKey{
 		ID: id, Hash: sha256.Sum256([]byte(key)), Label: label, Enabled: true,
-		CreatedAt: now.UTC(), Source: store.PushSourceSelf, RegisteredIP: bucketName,
+		CreatedAt: now.UTC(), Source: store.PushSourceSelf, RegisteredIP: bucketName, Mount: h.provider,
 	}
 	old, err := h.store.RegisterKey(rec)
 	if err != nil {

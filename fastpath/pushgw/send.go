@@ -228,6 +228,11 @@ func (h *Handler) send(ctx *fasthttp.RequestCtx, r *request) {
 
 	// 9: delivery.
 	d := h.sender.send(context.Background(), msg, sc.out)
+	if c := d.clipped; c != nil {
+		// Delivered clipped rather than refused by the provider for its size.
+		h.event(r, slog.LevelInfo, "send.clipped", key.ID,
+			slog.Int("bytes", c.from), slog.Int("clippedTo", c.to), slog.Int("limit", c.limit))
+	}
 	if d.notSent && h.metered {
 		h.store.RefundBudget(draw)
 		h.m.refunds.Inc()

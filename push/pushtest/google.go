@@ -22,6 +22,10 @@ const (
 	fcmScope       = "https://www.googleapis.com/auth/firebase.messaging"
 )
 
+// FCMMaxData is the fake's limit on a message's data, in bytes of its keys
+// and values.
+const FCMMaxData = 4096
+
 // FakeGoogle is Google's OAuth2 token endpoint and FCM HTTP v1 on one local
 // TLS server (HTTP/2 or HTTP/1.1, as the client prefers).
 //
@@ -36,7 +40,7 @@ const (
 // FCM, POST /v1/projects/<project>/messages:send, checks that the bearer is
 // a live token it issued (else 401 UNAUTHENTICATED) and that the body is a
 // message FCM would parse (JSON; message.token present; data values
-// strings; android.priority normal or high; android.ttl a duration; no
+// strings, keys and values at most FCMMaxData bytes; android.priority normal or high; android.ttl a duration; no
 // unknown field), else 400 INVALID_ARGUMENT. A valid message gets the
 // answer programmed for its registration token, or 200 {"name":…}. Every
 // token request and every send is recorded.
@@ -440,11 +444,18 @@ func checkFCMMessage(body []byte) (token, problem string) {
 		if err := decodeObject(raw, &data); err != nil {
 			return token, "message.data: " + err.Error()
 		}
+		size := 0
 		for k, v := range data {
 			var s string
 			if json.Unmarshal(v, &s) != nil {
 				return token, "Invalid value at 'message.data[" + k + "].value' (TYPE_STRING)"
 			}
+			size += len(k) + len(s)
+		}
+		// FCM's 4 KB limit on a data message, counted over the keys and
+		// values (the relay's JSON measure is stricter).
+		if size > FCMMaxData {
+			return token, "Android message is too big: data of " + strconv.Itoa(size) + " bytes, limit " + strconv.Itoa(FCMMaxData)
 		}
 	}
 	if raw, ok := msg["android"]; ok {
