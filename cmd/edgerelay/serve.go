@@ -605,7 +605,8 @@ func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, service
 		return nil, "", err
 	}
 	st := store.NewAgentStore(r.db)
-	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg)})
+	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
+		InstanceQueue: cfg.Agent.InstanceQueue})
 	if err != nil {
 		return nil, "", err
 	}

@@ -30,6 +30,7 @@ type Config struct {
 	FCM        FCMConfig
 	Gateway    GatewayConfig
 	Cloudflare CloudflareConfig
+	Agent      AgentConfig
 }
 
 // Listener is where one service listens and with which certificate.
@@ -68,6 +69,11 @@ type MailboxConfig struct {
 	MaxStored      int           // RELAY_MAX_STORED, envelopes per direction
 	MaxStoredBytes int           // RELAY_MAX_STORED_BYTES, per direction
 	EnvelopeCache  int           // RELAY_ENVELOPE_CACHE, bytes; 0: none
+}
+
+// AgentConfig is the configuration that shapes the agent relay.
+type AgentConfig struct {
+	InstanceQueue int // RELAY_AGENT_INSTANCE_QUEUE_BYTES: queued for one instance's clients together
 }
 
 // TURNConfig configures the TURN server and the credentials the mailbox
@@ -198,6 +204,7 @@ func (v *Values) Config() (Config, error) {
 			APIToken: Secret(v.String(EnvCFTURNAPIToken)),
 			URL:      v.String(EnvCFURL),
 		},
+		Agent: AgentConfig{InstanceQueue: v.Int(EnvAgentInstanceQueueBytes)},
 	}
 	// Load checked every value, so these parses cannot fail.
 	_ = c.LogLevel.UnmarshalText([]byte(v.String(EnvLogLevel)))

@@ -79,12 +79,13 @@ const (
 	GroupMailbox   Group = "mailbox"
 	GroupPush      Group = "push"
 	GroupICE       Group = "ice"
+	GroupAgent     Group = "agent"
 	GroupLimits    Group = "limits"
 )
 
 // Groups returns every group in section order.
 func Groups() []Group {
-	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupLimits}
+	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits}
 }
 
 // title is the heading of a group's section in Usage and the README.
@@ -104,6 +105,8 @@ func (g Group) title() string {
 		return "Push providers (shared by mailbox push and the push gateway) and push gateway"
 	case GroupICE:
 		return "ICE servers from Cloudflare Realtime"
+	case GroupAgent:
+		return "Agent relay"
 	case GroupLimits:
 		return "Limits (applied to every listener)"
 	}
@@ -237,6 +240,9 @@ func table() []Setting {
 	add(GroupICE, EnvCFURL, KindURL, "",
 		"Base URL override for Cloudflare's TURN credential API (tests point it at a fake).")
 
+	add(GroupAgent, EnvAgentInstanceQueueBytes, KindInt, "67108864",
+		"Most bytes queued for all clients of one agent instance together (64 MiB; at least 32 MiB, one client's whole queue). A frame that would pass it closes the client holding the most with 1013 and sends the instance acp.detach.")
+
 	add(GroupLimits, EnvMaxConns, KindInt, "10000",
 		"Most concurrent connections per listener; more are closed at accept and counted in /metrics.")
 	add(GroupLimits, EnvMaxConnsPerIP, KindInt, "1000",
@@ -299,6 +305,10 @@ const (
 	EnvIdleTimeout        = "RELAY_IDLE_TIMEOUT"
 	EnvMaxHeaderBytes     = "RELAY_MAX_HEADER_BYTES"
 )
+
+// EnvAgentInstanceQueueBytes bounds what one agent instance's clients hold
+// queued together (agent.Config.InstanceQueue).
+const EnvAgentInstanceQueueBytes = "RELAY_AGENT_INSTANCE_QUEUE_BYTES"
 
 // Service is a listener that carries one protocol. The admin listener is not
 // a Service: it is plain HTTP on loopback and never takes TLS.
