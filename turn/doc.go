@@ -11,13 +11,17 @@
 //     expiry or of a refused peer address; coturn-speaking clients expect
 //     401 for wrong or expired credentials and 403 for a peer they may not
 //     reach, so the gate gives those answers itself.
-//   - It relays ChannelData itself (udp.go, tcp.go, relay.go). pion's
-//     per-packet path formats log lines, builds a five-tuple fingerprint and
-//     allocates a ChannelData frame per datagram; ours looks the channel up
-//     in a copy-on-write table mirrored from pion's events and moves the
-//     bytes from one socket to the other without allocating. Send and Data
-//     indications (clients that have not bound a channel yet) still go
-//     through pion.
+//   - It relays the data path itself (udp.go, tcp.go, relay.go):
+//     ChannelData, Send indications from clients and Data indications to
+//     them. pion's per-packet path formats log lines, builds a five-tuple
+//     fingerprint and allocates per datagram, and reads into 1,600-byte
+//     buffers that drop anything bigger; ours looks the channel or
+//     permission up in a copy-on-write table mirrored from pion's events
+//     and moves datagrams of any size a leg can carry from one socket to
+//     the other without allocating.
+//   - It answers the RFC 8656 edges pion gets wrong (gate.go, lifetime.go):
+//     437 without an allocation, LIFETIME clamped to what the RFC grants,
+//     channel numbers outside 0x4000-0x7FFF.
 //   - It counts: allocations, relayed packets and bytes, refusals
 //     (metrics.go), and it enforces the quotas (quota.go).
 //

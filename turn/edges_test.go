@@ -2,6 +2,7 @@ package turn
 
 import (
 	"bytes"
+	"crypto/tls"
 	"net"
 	"net/netip"
 	"testing"
@@ -12,13 +13,23 @@ import (
 	"edgerelay/turn/turntest"
 )
 
-// rawClient is a raw STUN client of s over network ("udp" or "tcp").
+// rawClient is a raw STUN client of s over network ("udp", "tcp", or
+// "tls" to a server with a TLS listener).
 func rawClient(t *testing.T, s *Server, network, label string) *turntest.STUNClient {
 	t.Helper()
 	user, pass := creds(label)
-	c, err := turntest.DialSTUN(network, s.Addr().String(), user, pass)
-	if err != nil {
-		t.Fatal(err)
+	var c *turntest.STUNClient
+	if network == "tls" {
+		conn, err := tls.Dial("tcp", s.TLSAddr().String(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a test certificate
+		if err != nil {
+			t.Fatal(err)
+		}
+		c = turntest.NewSTUNClient(conn, true, user, pass)
+	} else {
+		var err error
+		if c, err = turntest.DialSTUN(network, s.Addr().String(), user, pass); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -253,19 +264,23 @@ const maxIPv4Datagram = 65535 - 20 - 8
 func payload(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n) }
 
 // TestBigDatagrams relays datagrams up to what each leg can carry, both
-// ways, as ChannelData and as Send and Data indications, over UDP and TCP,
+// ways, as ChannelData and as Send and Data indications, over UDP, TCP and TLS,
 // and checks that the first size past each leg's limit is dropped (the
 // next datagram, a small marker, is what arrives). pion's 1,600-byte
 // buffers dropped everything from 1,596 bytes up.
 func TestBigDatagrams(t *testing.T) {
-	s, _ := testServer(t, nil)
+	cert := selfSigned(t)
+	s, _ := testServer(t, func(c *Config) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		c.TLSListen = "127.0.0.1:0"
+	})
 	marker := []byte("marker")
-	for _, network := range transports {
-		// Over UDP a frame to the client is at most maxDatagram bytes; a
-		// stream frame's length field allows 65,535 and the peer's IPv4
-		// socket caps a datagram at 65,507.
+	for _, network := range []string{"udp", "tcp", "tls"} {
+		// Over UDP a frame to the client is at most 65,507 bytes; a stream
+		// frame's length field allows 65,535 and the peer's IPv4 socket
+		// caps a datagram at 65,507.
 		channelMax, indicationMax := maxIPv4Datagram-4, maxIPv4Datagram-36-3 // the data padded to 4
-		if network == "tcp" {
+		if network != "udp" {
 			channelMax, indicationMax = maxIPv4Datagram, maxIPv4Datagram
 		}
 		c := rawClient(t, s, network, "big")
@@ -320,7 +335,7 @@ func TestBigDatagrams(t *testing.T) {
 			}
 		}
 		sendMax := maxIPv4Datagram - 36 - 3 // the Send indication's own header and padding, over UDP
-		if network == "tcp" {
+		if network != "udp" {
 			sendMax = maxIPv4Datagram
 		}
 		for _, n := range []int{1595, 1600, 9000, sendMax} {
@@ -332,7 +347,7 @@ func TestBigDatagrams(t *testing.T) {
 				t.Fatalf("%s Send indication of %d bytes to the peer: got %d", network, n, len(got))
 			}
 		}
-		if network == "tcp" {
+		if network != "udp" {
 			// 65,508 bytes fit a stream frame but no IPv4 datagram.
 			_ = c.Send(c.ChannelData(0x4001, payload(maxIPv4Datagram+1, 1)))
 			_ = c.Send(c.ChannelData(0x4001, marker))

@@ -1,11 +1,14 @@
 package turn
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/pion/stun/v3"
+
+	"edgerelay/turn/turntest"
 )
 
 // FuzzScreen feeds arbitrary datagrams to the gate, which parses STUN from
@@ -54,6 +57,37 @@ func FuzzScreen(f *testing.F) {
 			if m.Type.Method == stun.MethodAllocate || res.Decode() != nil || code.GetFrom(&res) != nil || code.Code != stun.CodeAllocMismatch {
 				t2.Fatalf("answered %x, which is no authenticated request, with %x", raw, reply)
 			}
+		}
+	})
+}
+
+// FuzzParseSend feeds arbitrary bytes to the Send indication parser, which
+// reads what any client sends: it must never panic, and what it finds must
+// be what pion's own decoder finds in a message that decodes.
+func FuzzParseSend(f *testing.F) {
+	f.Add(turntest.SendIndication(netip.MustParseAddrPort("127.0.0.1:9"), []byte("data")))
+	f.Add(turntest.SendIndication(netip.MustParseAddrPort("[2001:db8::1]:9"), make([]byte, 1201)))
+	f.Add([]byte{0x00, 0x16, 0x00, 0x08, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x00, 0x13, 0x00, 0x09})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		peer, data, ok := parseSend(raw)
+		if !ok {
+			return
+		}
+		m := &stun.Message{Raw: append([]byte(nil), raw...)}
+		if m.Decode() != nil {
+			return // we are more lenient than a full decode (e.g. a short header length)
+		}
+		var a stun.XORMappedAddress
+		want, err := m.Get(stun.AttrData)
+		if err != nil || a.GetFromAs(m, stun.AttrXORPeerAddress) != nil {
+			return
+		}
+		ip, _ := netip.AddrFromSlice(a.IP)
+		if peer != netip.AddrPortFrom(ip.Unmap(), uint16(a.Port)) {
+			t.Errorf("peer %v, pion decodes %v:%d", peer, a.IP, a.Port)
+		}
+		if !bytes.Equal(data, want) {
+			t.Errorf("DATA of %d bytes, pion decodes %d", len(data), len(want))
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/netip"
@@ -523,6 +524,10 @@ func TestDrainDeadline(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Shutdown with a live allocation: %v, want the deadline", err)
 	}
+	// serve reports this error as it is (issue 14 found "turn: turn:").
+	if msg := fmt.Sprint(err); !strings.HasPrefix(msg, "turn: drain cut short with 1 allocations") || strings.Count(msg, "turn:") != 1 {
+		t.Errorf("Shutdown's error %q, want one \"turn: \" prefix", msg)
+	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("Shutdown took %v", d)
 	}
@@ -563,9 +568,15 @@ func TestStartErrors(t *testing.T) {
 		"unspecified": {Listen: "0.0.0.0:0", Secret: "s", Realm: "r"},
 		"bad listen":  {Listen: "nonsense", Secret: "s", Realm: "r"},
 	} {
-		if s, err := Start(cfg); err == nil {
+		s, err := Start(cfg)
+		if err == nil {
 			_ = s.Shutdown(context.Background())
 			t.Errorf("%s: Start succeeded", name)
+			continue
+		}
+		// serve returns these as they are: they name the service once.
+		if msg := err.Error(); !strings.HasPrefix(msg, "turn: ") || strings.Count(msg, "turn:") != 1 {
+			t.Errorf("%s: %q, want one \"turn: \" prefix", name, msg)
 		}
 	}
 }

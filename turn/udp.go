@@ -96,30 +96,8 @@ func (s *Server) relaySend(t tuple, msg []byte) bool {
 	if r == nil {
 		return true
 	}
-	end := min(20+int(binary.BigEndian.Uint16(msg[2:4])), len(msg))
-	var (
-		peer    netip.AddrPort
-		data    []byte
-		hasData bool
-	)
-	for off := 20; off+4 <= end; {
-		typ := binary.BigEndian.Uint16(msg[off:])
-		n := int(binary.BigEndian.Uint16(msg[off+2:]))
-		v := msg[off+4 : min(off+4+n, end)]
-		if len(v) < n {
-			return true // truncated attribute
-		}
-		switch typ {
-		case uint16(stun.AttrXORPeerAddress):
-			if !peer.IsValid() {
-				peer = xorPeerAddress(v, msg[4:20])
-			}
-		case uint16(stun.AttrData):
-			data, hasData = v, true
-		}
-		off += 4 + (n+3)&^3
-	}
-	if !peer.IsValid() || !hasData {
+	peer, data, ok := parseSend(msg)
+	if !ok {
 		return true
 	}
 	if rt := r.routes.Load(); rt == nil || !rt.perms[peer.Addr()] {
@@ -130,6 +108,37 @@ func (s *Server) relaySend(t tuple, msg []byte) bool {
 		r.upBytes.Add(uint64(len(data)))
 	}
 	return true
+}
+
+// parseSend finds a Send indication's XOR-PEER-ADDRESS (the first valid
+// one) and DATA (the first), as pion's decoder would; ok is false when either is missing or the message is malformed.
+// data is a slice of msg.
+func parseSend(msg []byte) (peer netip.AddrPort, data []byte, ok bool) {
+	if len(msg) < 20 {
+		return netip.AddrPort{}, nil, false
+	}
+	end := min(20+int(binary.BigEndian.Uint16(msg[2:4])), len(msg))
+	hasData := false
+	for off := 20; off+4 <= end; {
+		typ := binary.BigEndian.Uint16(msg[off:])
+		n := int(binary.BigEndian.Uint16(msg[off+2:]))
+		if off+4+n > end {
+			return netip.AddrPort{}, nil, false // truncated attribute
+		}
+		v := msg[off+4 : off+4+n]
+		switch typ {
+		case uint16(stun.AttrXORPeerAddress):
+			if !peer.IsValid() {
+				peer = xorPeerAddress(v, msg[4:20])
+			}
+		case uint16(stun.AttrData):
+			if !hasData {
+				data, hasData = v, true
+			}
+		}
+		off += 4 + (n+3)&^3
+	}
+	return peer, data, peer.IsValid() && hasData
 }
 
 // xorPeerAddress decodes an XOR-PEER-ADDRESS value (RFC 8489 §14.2), XORed
