@@ -158,20 +158,35 @@ func (l *Listener) Serve() error {
 
 // Shutdown stops accepting, closes the service's WebSockets with 1001 and
 // waits for in-flight requests and socket writers until ctx ends.
+//
+// The WebSocket drain and fasthttp's own shutdown (which waits for the
+// requests in flight and answers them with Connection: close) run side by
+// side, so that each has the whole of ctx: a socket slow to take its close
+// frame does not spend the time a held request needs, nor the reverse.
 func (l *Listener) Shutdown(ctx context.Context) error {
 	var errs []error
 	// Stop accepting first so that no new socket appears behind the drain.
 	if err := l.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 		errs = append(errs, fmt.Errorf("server %s: close listener: %w", l.svc.Name, err))
 	}
-	if l.svc.Drain != nil {
-		if err := l.svc.Drain(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("server %s: drain: %w", l.svc.Name, err))
+	drained := make(chan error, 1)
+	go func() {
+		if l.svc.Drain == nil {
+			drained <- nil
+			return
 		}
-	}
+		if err := l.svc.Drain(ctx); err != nil {
+			drained <- fmt.Errorf("server %s: drain: %w", l.svc.Name, err)
+			return
+		}
+		drained <- nil
+	}()
 	// fasthttp closes the listener again and reports that it already was.
 	if err := l.srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
 		errs = append(errs, fmt.Errorf("server %s: shutdown: %w", l.svc.Name, err))
+	}
+	if err := <-drained; err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
