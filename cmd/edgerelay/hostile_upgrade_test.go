@@ -137,8 +137,9 @@ func pipelinedWatch(t *testing.T, r *hostileRelay) {
 		http.StatusTooManyRequests, `{"error":"too_many_watchers","status":429}`)
 }
 
-// pipelinedSignal: signal sides reserve nothing but the mailbox held in
-// memory; after such upgrades of both sides a real pair still meets.
+// pipelinedSignal: signal sides have no limit a client could see (a newer
+// socket replaces the older), so this shows that after such upgrades of both
+// sides a real pair still meets.
 func pipelinedSignal(t *testing.T, r *hostileRelay) {
 	id, token := hostileMailbox(t, r)
 	for _, side := range []string{"primary", "companion"} {
@@ -227,7 +228,9 @@ func pipelinedAttach(t *testing.T, r *hostileRelay, pairKey, clientToken string)
 }
 
 // pipelinedLink: after such link upgrades, the instance's connector links
-// and a client's frame reaches it.
+// and a client's frame reaches it. The link reserves only a reference to its
+// instance's entry (memory, no limit a client could see), so this shows the
+// path still works rather than a slot coming back.
 func pipelinedLink(t *testing.T, r *hostileRelay, pairKey, clientToken string) {
 	redeemed := redeemPairKey(t, r.httpClient(), r.url("agent", ""), pairKey, "pipelined-link")
 	connect := "GET /v1/connect HTTP/1.1\r\nHost: relay\r\nUpgrade: contenox-relay/1\r\nConnection: Upgrade\r\n" +
