@@ -1,5 +1,6 @@
 GO ?= go
 FUZZTIME ?= 30s
+FUZZPKG ?= ./...
 # make soak: the reliability tests through the binary, SOAK times longer.
 SOAK ?= 10
 
@@ -21,8 +22,10 @@ test:
 bench:
 	bash bench/run.sh
 
+# make fuzz: see fuzz/run.sh. Red only when a target failed (a reproducer
+# is named); FUZZ_GOTOOLCHAIN=local fuzzes with the installed Go.
 fuzz:
-	bash fuzz/run.sh $(FUZZTIME)
+	bash fuzz/run.sh $(FUZZTIME) $(FUZZPKG)
 
 # The long reliability run: kill -9 cycles, reconnect storms, hostile
 # clients and SIGTERM under load, each SOAK times longer than in make test.

@@ -1,35 +1,124 @@
 #!/usr/bin/env bash
-# make fuzz: run every fuzz target in the module for FUZZTIME each (default 30s).
+# make fuzz: run every fuzz target in the module for FUZZTIME each (default
+# 30s): bash fuzz/run.sh [FUZZTIME [PACKAGES...]] (default ./...).
+#
 # Go runs one fuzz target per invocation, so targets are listed per package
-# and run one after another. Crashers land in each package's
-# testdata/fuzz/<Target>/ and fail the run (keep them as regressions). Go
-# keeps the other inputs that found new coverage in its build cache; they are
-# copied into testdata/fuzz/<Target>/ too (names are content hashes, so a
-# copy is never duplicated), so that the corpus lives in the repository:
+# and run one after another. Each run gets a verdict (fuzz/classify.sh):
+# pass; fail, with the reproducers Go wrote under the package's
+# testdata/fuzz/<Target>/ (keep them as regressions); or flake, a bare
+# "context deadline exceeded" at the end of -fuzztime with nothing written
+# (golang/go#75804), reported and skipped. The last line sums them up and
+# names the Go that fuzzed; the exit status is 1 only when a target failed.
+#
+# The fix of golang/go#75804 shipped in Go 1.27, so fuzzing runs on
+# FUZZ_GOTOOLCHAIN (default go1.27.3, which the go command fetches from the
+# module proxy once, like a module; the module itself stays on its own Go)
+# unless the installed Go is 1.27 or newer. FUZZ_GOTOOLCHAIN=local fuzzes
+# with the installed Go; so does a machine that cannot fetch the toolchain,
+# and says so.
+#
+# Go keeps the other inputs that found new coverage in its build cache; they
+# are copied into testdata/fuzz/<Target>/ too (names are content hashes, so
+# a copy is never duplicated), so that the corpus lives in the repository:
 # commit them, and every `go test` replays them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. fuzz/classify.sh
 fuzztime="${1:-${FUZZTIME:-30s}}"
+shift || true
+packages=("${@:-./...}")
+
+installed=$(GOTOOLCHAIN=local go env GOVERSION)
+if printf '%s\n' go1.27 "$installed" | sort -V -C; then
+  toolchain="${FUZZ_GOTOOLCHAIN:-local}"
+else
+  toolchain="${FUZZ_GOTOOLCHAIN:-go1.27.3}"
+fi
+if ! why=$(GOTOOLCHAIN="$toolchain" go version 2>&1 >/dev/null); then
+  echo "fuzz: Go $toolchain cannot be had here; fuzzing with the installed $installed ($why)" >&2
+  toolchain=local
+fi
+export GOTOOLCHAIN="$toolchain"
+gover=$(go env GOVERSION)
+if printf '%s\n' go1.27 "$gover" | sort -V -C; then
+  fuzzedwith="fuzzed with $gover, which has the fix of golang/go#75804"
+else
+  fuzzedwith="fuzzed with $gover, without the fix of golang/go#75804: a bare deadline exit is a flake"
+fi
+echo "fuzz: $fuzzedwith"
+
 cache="$(go env GOCACHE)/fuzz"
-failed=0
-for pkg in $(go list ./...); do
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=()
+flaked=()
+for pkg in $(go list "${packages[@]}"); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
-  for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+  rel=${dir#$PWD/}
+  if [ "$dir" = "$PWD" ]; then
+    rel=.
+  fi
+  # A package that does not build has targets nobody fuzzed: a failure,
+  # not a silent skip.
+  if ! list=$(go test -list '^Fuzz' "$pkg" 2>&1); then
+    echo "$list"
+    echo "   FAIL: go test -list failed for $pkg: its fuzz targets did not run"
+    failed+=("$rel (go test -list failed)")
+    continue
+  fi
+  for target in $(grep '^Fuzz' <<<"$list" || true); do
     echo "== $pkg $target ($fuzztime)"
+    corpus="$rel/testdata/fuzz/$target"
+    fuzz_list "$corpus" >"$work/before"
     # Go minimizes every new interesting input for up to a minute by
     # default, with no execs counted meanwhile: with 20-30s per target
     # that stalled whole runs (FuzzAppendData: 219k execs in 15s, 640k
     # with 1s of minimizing). Crashers are kept whether minimized or not.
-    if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 2s "$pkg"; then
-      failed=1
-    fi
+    rc=0
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 2s "$pkg" 2>&1 |
+      tee "$work/log" || rc=${PIPESTATUS[0]}
+    verdict=$(fuzz_classify "$rc" "$work/log" "$work/before" "$rel" "$target")
+    case $verdict in
+      pass) passed=$((passed + 1)) ;;
+      flake)
+        echo "   flake: exit $rc with only \"context deadline exceeded\" and no reproducer (golang/go#75804); going on"
+        flaked+=("$rel $target")
+        ;;
+      fail)
+        echo "   FAIL: exit $rc, no reproducer written; the output above says why"
+        failed+=("$rel $target (no reproducer)")
+        ;;
+      fail\ *)
+        echo "   FAIL: reproducer ${verdict#fail }"
+        failed+=("$rel $target (${verdict#fail })")
+        ;;
+    esac
+    # After the verdict: these copies are no findings.
     learned="$cache/$pkg/$target"
     if [ -d "$learned" ]; then
-      mkdir -p "$dir/testdata/fuzz/$target"
-      before=$(ls "$dir/testdata/fuzz/$target" | wc -l)
-      cp -n "$learned"/* "$dir/testdata/fuzz/$target/" 2>/dev/null || true
-      echo "   corpus: $(( $(ls "$dir/testdata/fuzz/$target" | wc -l) - before )) new inputs kept in ${dir#$PWD/}/testdata/fuzz/$target"
+      mkdir -p "$corpus"
+      before=$(fuzz_list "$corpus" | wc -l)
+      cp -n "$learned"/* "$corpus/" 2>/dev/null || true
+      echo "   corpus: $(($(fuzz_list "$corpus" | wc -l) - before)) new inputs kept in $corpus"
     fi
   done
 done
-exit $failed
+
+# joined ITEM...: the items separated by "; ".
+joined() {
+  local out="" item
+  for item in "$@"; do
+    out+="${out:+; }$item"
+  done
+  printf '%s' "$out"
+}
+summary="fuzz: $passed passed, ${#failed[@]} failed, ${#flaked[@]} flaked"
+if [ "${#failed[@]}" -gt 0 ]; then
+  summary+=" (failed: $(joined "${failed[@]}"))"
+fi
+if [ "${#flaked[@]}" -gt 0 ]; then
+  summary+=" (flaked, skipped: $(joined "${flaked[@]}"))"
+fi
+echo "$summary; $fuzzedwith"
+[ "${#failed[@]}" -eq 0 ]
