@@ -111,26 +111,6 @@ func (db *DB) Close() error {
 	return nil
 }
 
-// ErrCloseAbandoned is CloseContext's error when Pebble's close did not
-// finish in time (a stalled or failed store). Nothing acknowledged is lost:
-// every acknowledged write is in the synced log, which the next start
-// replays.
-var ErrCloseAbandoned = errors.New("store: close did not finish in time; the next start replays the log")
-
-// CloseContext is Close bounded by ctx: when ctx ends first it returns
-// ErrCloseAbandoned and leaves the close running, for a process that is
-// about to exit anyway.
-func (db *DB) CloseContext(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { done <- db.Close() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("%w (%s)", ErrCloseAbandoned, db.dir)
-	}
-}
-
 func (db *DB) stopHealth() {
 	select {
 	case <-db.health.stop:

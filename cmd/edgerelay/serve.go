@@ -31,6 +31,7 @@ import (
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/fastpath/netlimit"
 	"edgerelay/fastpath/pushgw"
+	"edgerelay/fastpath/ratelog"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/tlsconf"
 	"edgerelay/push/apns"
@@ -60,7 +61,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// Repeated warnings and errors (a store refusing every write, a
+	// background job failing in a loop) are bounded per message.
+	log := slog.New(ratelog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}), ratelog.Config{}))
 	// Two Ps at least, so that a synced commit does not stall every
 	// request on a one-core machine (see store.MinProcs).
 	procs, _ := store.EnsureProcs()
@@ -115,7 +118,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	db, err := store.Open(cfg.DataDir, log)
+	db, err := store.OpenOptions(cfg.DataDir, log, store.Options{DiskReserve: uint64(cfg.DiskReserve)})
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +215,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	}
 	r.admin = admin.New(admin.Config{
 		Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin,
-		AgentKeys: agentKeys, AgentPublicKey: agentPub, Log: log.With("service", "admin"),
+		AgentKeys: agentKeys, AgentPublicKey: agentPub, Storage: db.Unavailable, Log: log.With("service", "admin"),
 	})
 	if cfg.AdminListen != "" {
 		// The same caps as every other listener: the admin listener is
@@ -568,7 +571,8 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 			Provider: m.provider, APNs: pushers.APNs, APNsTopic: cfg.APNs.Topic, APNsEnvironment: cfg.APNs.Environment,
 			FCM: pushers.FCM, Store: st, Registration: cfg.Gateway.Registration, RatePerMinute: cfg.Gateway.RatePerMinute,
 			DailyBudget: cfg.Gateway.DailyBudget, Metered: cfg.Gateway.Metered, TrustedProxyHeader: cfg.Gateway.TrustedProxyHeader,
-			Log: r.log.With("service", string(m.service)), Metrics: metrics,
+			// Its spec wants one log line per request: not limited.
+			Log: ratelog.Unlimited(r.log).With("service", string(m.service)), Metrics: metrics,
 		}
 		h, err := pushgw.New(gcfg)
 		if err != nil {

@@ -39,7 +39,10 @@ type Config struct {
 	// when the agent relay is off. AgentPublicKey is its relay key.
 	AgentKeys      *agent.Keys
 	AgentPublicKey string
-	Log            *slog.Logger
+	// Storage reports why the store refuses writes (nil while it takes
+	// them); /readyz answers 503 meanwhile. Nil: not consulted.
+	Storage func() error
+	Log     *slog.Logger
 }
 
 // Handler is the admin listener's handler.
@@ -61,6 +64,20 @@ func New(cfg Config) *Handler {
 // drain starts so load balancers stop sending new clients.
 func (h *Handler) SetReady(ok bool) { h.ready.Store(ok) }
 
+// readyz is 200 while serving with a store that takes writes. A store
+// that refuses them (disk nearly full, stalled, failed) makes it 503 so
+// that a balancer sends writers to another node; reads still work here.
+func (h *Handler) readyz(ctx *fasthttp.RequestCtx) {
+	switch {
+	case !h.ready.Load():
+		httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"not ready"}`))
+	case h.cfg.Storage != nil && h.cfg.Storage() != nil:
+		httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"storage unavailable"}`))
+	default:
+		httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"status":"ready"}`))
+	}
+}
+
 // ServeHTTP routes one admin request.
 func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
@@ -70,11 +87,7 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	case path == "/healthz":
 		httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"status":"ok"}`))
 	case path == "/readyz":
-		if h.ready.Load() {
-			httpx.JSON(ctx, fasthttp.StatusOK, []byte(`{"status":"ready"}`))
-		} else {
-			httpx.JSON(ctx, fasthttp.StatusServiceUnavailable, []byte(`{"status":"not ready"}`))
-		}
+		h.readyz(ctx)
 	case strings.HasPrefix(path, AgentPath+"/"):
 		if !h.authorized(ctx) {
 			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
@@ -176,6 +189,12 @@ func (h *Handler) channelKeys(ctx *fasthttp.RequestCtx, host string) {
 }
 
 func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, store.ErrUnavailable) {
+		h.cfg.Log.Warn("admin write refused: store unavailable", "path", string(ctx.Path()), "err", err)
+		ctx.Response.Header.Set("Retry-After", store.RetryAfter)
+		httpx.Error(ctx, fasthttp.StatusServiceUnavailable, "storage unavailable")
+		return
+	}
 	h.cfg.Log.Error("admin request failed", "path", string(ctx.Path()), "err", err)
 	httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
 }

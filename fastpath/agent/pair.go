@@ -64,8 +64,7 @@ func (h *Handler) redeem(ctx *fasthttp.RequestCtx) {
 		return
 	case err != nil:
 		h.m.redeems.WithLabelValues("error").Inc()
-		h.log.Error("pairing failed", "err", err)
-		answerError(ctx, fasthttp.StatusInternalServerError, "internal error")
+		h.storeFailed(ctx, "pairing failed", err)
 		return
 	}
 	h.m.redeems.WithLabelValues("paired").Inc()

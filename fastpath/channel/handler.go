@@ -178,8 +178,7 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx) {
 		h.m.claims.WithLabelValues("token_in_use").Inc()
 		httpx.Error(ctx, fasthttp.StatusBadRequest, "token already in use")
 	case err != nil:
-		h.log.Error("claim failed", "err", err)
-		httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+		h.storeFailed(ctx, "claim failed", err)
 	default:
 		h.m.claims.WithLabelValues("claimed").Inc()
 		h.log.Info("computer claimed", "host", host)
@@ -203,8 +202,7 @@ func (h *Handler) release(ctx *fasthttp.RequestCtx) {
 		httpx.Error(ctx, fasthttp.StatusNotFound, "unknown token")
 		return
 	case err != nil:
-		h.log.Error("release failed", "err", err)
-		httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+		h.storeFailed(ctx, "release failed", err)
 		return
 	}
 	h.disconnect(k.Hash, ws.CloseNormal)

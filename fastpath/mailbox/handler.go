@@ -292,6 +292,9 @@ func (h *Handler) authorize(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash
 }
 
 func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
+	if h.unavailable(ctx, err) {
+		return
+	}
 	h.log.Error("mailbox request failed", "err", err)
 	errInternal.answer(ctx)
 }

@@ -271,6 +271,12 @@ func (h *Handler) denied(ctx *fasthttp.RequestCtx, r *request, keyID string, sta
 
 // internal answers an unexpected failure; the cause goes to the log only.
 func (h *Handler) internal(ctx *fasthttp.RequestCtx, r *request, stage string, err error) {
+	if errors.Is(err, store.ErrUnavailable) { // nothing was changed; try again later
+		ctx.Response.Header.Set("Retry-After", store.RetryAfter)
+		h.fail(ctx, r, fasthttp.StatusServiceUnavailable, "storage unavailable")
+		h.event(r, slog.LevelWarn, "storage_unavailable", "", slog.String("stage", stage))
+		return
+	}
 	h.fail(ctx, r, fasthttp.StatusInternalServerError, "internal error")
 	h.event(r, slog.LevelError, "internal_error", "", slog.String("stage", stage), slog.String("err", err.Error()))
 }

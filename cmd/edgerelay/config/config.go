@@ -18,6 +18,7 @@ type Config struct {
 	DataDir      string        // RELAY_DATA_DIR
 	LogLevel     slog.Level    // RELAY_LOG_LEVEL
 	DrainTimeout time.Duration // RELAY_DRAIN_TIMEOUT
+	DiskReserve  int           // RELAY_DISK_RESERVE, bytes; 0: no guard
 	AdminListen  string        // RELAY_ADMIN_LISTEN; "" = off; never TLS
 
 	// Listeners has an entry for every service in Services().
@@ -214,6 +215,7 @@ func (v *Values) Config() (Config, error) {
 	c.TURN.AllowPeers, _ = parseCIDRs(v.String(EnvTURNAllowPeers))
 	c.Gateway.DailyBudget, c.Gateway.Metered = v.OptionalInt(EnvPushDailyBudget)
 	c.Mailbox.EnvelopeCache, _ = v.OptionalInt(EnvEnvelopeCache) // empty: none, like 0
+	c.DiskReserve, _ = v.OptionalInt(EnvDiskReserve)             // empty: no guard, like 0
 
 	if c.DataDir == "" {
 		errs = append(errs, fmt.Errorf("%s is empty: the server needs a data directory", EnvDataDir))

@@ -161,6 +161,8 @@ func table() []Setting {
 		"Least severe level logged (debug, info, warn, error). Logs are JSON lines and never contain a token, key, device token or envelope byte.")
 	add(GroupGeneral, EnvDrainTimeout, KindDuration, "10s",
 		"On SIGTERM: stop accepting, close WebSockets with 1001, finish in-flight writes and close the store, within this time; then exit.")
+	add(GroupGeneral, EnvDiskReserve, KindOptionalInt, "268435456",
+		"Free bytes kept in the data dir's filesystem (256 MiB): while less is free every write is refused (503, storage_unavailable) and /readyz is 503; reads go on. Half of it is held in <data dir>/ballast and released when the disk fills anyway. 0 or empty: no guard, no ballast.")
 
 	add(GroupListeners, EnvAdminListen, KindAddr, "127.0.0.1:9090",
 		"Admin listener: /metrics, /healthz, /readyz and the key-management endpoints the command line uses. Plain HTTP: keep it on loopback. Empty: off.")
@@ -268,6 +270,7 @@ const (
 	EnvDataDir            = "RELAY_DATA_DIR"
 	EnvLogLevel           = "RELAY_LOG_LEVEL"
 	EnvDrainTimeout       = "RELAY_DRAIN_TIMEOUT"
+	EnvDiskReserve        = "RELAY_DISK_RESERVE"
 	EnvAdminListen        = "RELAY_ADMIN_LISTEN"
 	EnvTLSCert            = "RELAY_TLS_CERT"
 	EnvTLSKey             = "RELAY_TLS_KEY"
