@@ -19,10 +19,13 @@
 //     from a client get instance and session spliced in (package ndjson)
 //     and nothing else changed. Nothing on that path decodes JSON or
 //     allocates per frame.
-//   - Every socket has a single writer and a send queue bounded in bytes:
-//     a client that does not read is closed with 1013 at its bound while
-//     the instance and the other clients keep flowing; a client that sends
-//     faster than the instance reads waits for room in the link's queue.
+//   - Every socket has a single writer and a send queue bounded in bytes,
+//     never smaller than the largest frame that must pass it: a client
+//     that does not read is closed with 1013 at its bound (its own queue,
+//     or the bound on all of one instance's clients together, which drops
+//     the one holding the most) while the instance and the other clients
+//     keep flowing; a client that sends faster than the instance reads
+//     waits for room in the link's queue.
 //
 // Handler serves the three endpoints (/v1/connect, /v1/attach/<id>,
 // /v1/pair/redeem); Keys is the operator's management of accounts, pairing

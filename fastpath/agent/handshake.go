@@ -128,6 +128,11 @@ func (h *Handler) refuseHello(l *link, line []byte, f *ndjson.Frame, outcome, co
 	var inst, re []byte
 	if f != nil {
 		inst, re = f.Instance.Raw(line), f.ID.Raw(line)
+	} else if id := requestID(line); usableID(id) {
+		// A hello that does not scan (nested too deep, say) still gets
+		// its answer with re: the connector matches it to its hello.
+		re = ndjson.AppendString(nil, id)
+		re = re[1 : len(re)-1]
 	}
 	l.send(appendError(nil, inst, nil, re, code, []byte(message)))
 }

@@ -81,6 +81,10 @@ func TestHelloFieldForms(t *testing.T) {
 		{"payload instance absent", id, "1", "", nonce32, "unknown_instance", false},
 		{"payload instance a number", id, "1", "5", nonce32, "malformed_frame", false},
 		{"envelope instance another", `"inst-other"`, "1", id, nonce32, "unknown_instance", false},
+		// Keys match as the reference decoder matches them: any case, the
+		// last duplicate winning.
+		{"NONCE empty", id, "1", id, nonce32 + `,"NONCE":""`, "malformed_frame", false},
+		{"nonce empty then good", id, "1", id, `"","nonce":` + nonce32, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := r.hello(t, p.token, line(tc.env, tc.version, tc.inst, tc.nonce))
@@ -104,6 +108,36 @@ func TestHelloFieldForms(t *testing.T) {
 			if f.Type != "relay.welcome" || pl.ProtocolVersion != 1 || (len(pl.Sig) == 64) != tc.sig ||
 				strings.Contains(string(f.Raw), `"sig"`) != tc.sig {
 				t.Fatalf("got %s, want a welcome (sig %v)", f.Raw, tc.sig)
+			}
+		})
+	}
+}
+
+// TestHelloOtherShapes: a hello whose payload is no object, or whose agent
+// is of the wrong type, is malformed_frame; an empty agent is fine (it is
+// only a name). A hello nested past the scanner's limit is refused with
+// re "hello" all the same, so the connector knows what was refused.
+func TestHelloOtherShapes(t *testing.T) {
+	r := startRelay(t, relayOpts{})
+	r.account("acme")
+	p := r.pair("acme", "host-1")
+	const nonce32 = `"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="`
+	good := `"protocol_version":1,"instance":"` + p.id + `","nonce":` + nonce32
+	for _, tc := range []struct{ name, payload, want string }{
+		{"payload null", `null`, "unknown_instance"},
+		{"payload an array", `[1]`, "malformed_frame"},
+		{"payload a string", `"hello"`, "malformed_frame"},
+		{"agent a number", `{` + good + `,"agent":5}`, "malformed_frame"},
+		{"agent empty", `{` + good + `,"agent":""}`, "relay.welcome"},
+		{"agent null", `{` + good + `,"agent":null}`, "relay.welcome"},
+		{"nested too deep", `{` + good + `,"x":` + strings.Repeat("[", ndjson.MaxDepth) + strings.Repeat("]", ndjson.MaxDepth) + `}`, "malformed_frame"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := r.hello(t, p.token, `{"type":"relay.hello","instance":"`+p.id+`","id":"hello","payload":`+tc.payload+`}`)
+			var pl struct{ Code string }
+			_ = json.Unmarshal(f.Payload, &pl)
+			if f.Re != "hello" || (f.Type != tc.want && pl.Code != tc.want) {
+				t.Fatalf("got %s, want %s", f.Raw, tc.want)
 			}
 		})
 	}
@@ -283,5 +317,39 @@ func waitAck(t *testing.T, c *agenttest.Connector, id string) []agenttest.Frame 
 		default:
 			t.Fatalf("instance got %.200s, want the ack of %s", f.Raw, id)
 		}
+	}
+}
+
+// TestLargestClientFrameReachesTheInstance: the largest message a client
+// may send (what fits one line once spliced) passes the instance link's
+// queue whole; one byte more is refused with 1009 by the WebSocket. (The
+// instance is a raw link: the test connector's encoding/json would take
+// seconds over 16 MiB under the race detector.)
+func TestLargestClientFrameReachesTheInstance(t *testing.T) {
+	const spliceRoom = 64 + 6*2*ndjson.MaxIDLen // as in handler.go
+	const largest = ndjson.MaxLine - 1 - spliceRoom
+	r := startRelay(t, relayOpts{})
+	ctok := r.account("acme")
+	p := r.pair("acme", "host-1")
+	conn, br := r.rawLink(p.token)
+	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if w, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(w, `{"type":"relay.welcome"`) {
+		t.Fatalf("welcome %q %v", w, err)
+	}
+	cl := r.attach(p.id, ctok)
+	head := `{"type":"acp.message","id":"big","pad":"`
+	msg := head + strings.Repeat("q", largest-len(head)-len(`"}`)) + `"}`
+	cl.send(msg)
+	line, err := br.ReadBytes('\n')
+	if err != nil || len(line) > ndjson.MaxLine || !strings.HasPrefix(string(line), `{"instance":"`+p.id+`","session":"att-`) ||
+		!strings.HasSuffix(string(line), msg[1:]+"\n") {
+		t.Fatalf("instance got %d bytes (%.100s): %v", len(line), line, err)
+	}
+	cl.send(msg[:len(head)] + "q" + msg[len(head):])
+	if code := cl.closeCode(); code != 1009 {
+		t.Fatalf("one byte more: close %d, want 1009", code)
 	}
 }
