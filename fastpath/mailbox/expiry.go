@@ -64,51 +64,61 @@ func (h *Handler) ExpireIdle(now int64) int {
 	}
 	erased := 0
 	for _, e := range entries {
-		name, at := e.name, e.at
-		m := h.cache.get([]byte(name))
-		m.mu.Lock()
-		if err := m.load(h.cfg.Store); err != nil {
-			m.mu.Unlock()
-			h.log.Error("expiry load failed", "err", err)
-			continue
+		// The sweeper's own work makes an entry; one it does not erase
+		// is left unused (lastUse 0), for the next round to evict.
+		m := h.cache.acquire([]byte(e.name))
+		if h.expireOne(m, e.name, e.at, now) {
+			erased++
 		}
-		switch {
-		case !m.exists || (at != m.persisted && !h.expired(m, now)):
-			// A stale index entry (the mailbox was claimed or written
-			// since, or is gone): drop the entry alone.
-			if err := h.cfg.Store.DropIdle(at, name); err != nil {
-				h.log.Error("idle index cleanup failed", "err", err)
-			}
-			m.mu.Unlock()
-			continue
-		case !h.expired(m, now):
-			// Written since, but not yet persisted: persist it now, which
-			// moves its index entry forward.
-			rec := store.MailboxRecord{Token: m.rec.Token, LastActive: m.rec.LastActive}
-			if err := h.cfg.Store.Claim(name, rec, at, false); err != nil {
-				h.log.Error("idle touch failed", "err", err)
-			} else {
-				m.persisted = rec.LastActive
-			}
-			m.mu.Unlock()
-			continue
-		}
-		h.waitInflight(m)
-		if err := h.cfg.Store.Erase(name); err != nil {
-			m.mu.Unlock()
-			h.log.Error("expiry erase failed", "err", err)
-			continue
-		}
+		h.cache.release(m)
+	}
+	return erased
+}
+
+// expireOne is ExpireIdle's work on one index entry (m held); it reports
+// whether it erased the mailbox.
+func (h *Handler) expireOne(m *mailbox, name string, at, now int64) bool {
+	m.mu.Lock()
+	if err := m.load(h.cfg.Store); err != nil {
+		m.mu.Unlock()
+		h.log.Error("expiry load failed", "err", err)
+		return false
+	}
+	switch {
+	case !m.exists || (at != m.persisted && !h.expired(m, now)):
+		// A stale index entry (the mailbox was claimed or written
+		// since, or is gone): drop the entry alone.
 		if err := h.cfg.Store.DropIdle(at, name); err != nil {
 			h.log.Error("idle index cleanup failed", "err", err)
 		}
-		conns := m.forget()
 		m.mu.Unlock()
-		for _, c := range conns {
-			c.Close(ws.CloseNormal, "mailbox expired")
+		return false
+	case !h.expired(m, now):
+		// Written since, but not yet persisted: persist it now, which
+		// moves its index entry forward.
+		rec := store.MailboxRecord{Token: m.rec.Token, LastActive: m.rec.LastActive}
+		if err := h.cfg.Store.Claim(name, rec, at, false); err != nil {
+			h.log.Error("idle touch failed", "err", err)
+		} else {
+			m.persisted = rec.LastActive
 		}
-		erased++
-		h.m.mailboxesExpired.Inc()
+		m.mu.Unlock()
+		return false
 	}
-	return erased
+	h.waitInflight(m)
+	if err := h.cfg.Store.Erase(name); err != nil {
+		m.mu.Unlock()
+		h.log.Error("expiry erase failed", "err", err)
+		return false
+	}
+	if err := h.cfg.Store.DropIdle(at, name); err != nil {
+		h.log.Error("idle index cleanup failed", "err", err)
+	}
+	conns := m.forget()
+	m.mu.Unlock()
+	for _, c := range conns {
+		c.Close(ws.CloseNormal, "mailbox expired")
+	}
+	h.m.mailboxesExpired.Inc()
+	return true
 }

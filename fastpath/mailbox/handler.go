@@ -7,6 +7,7 @@ package mailbox
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -47,7 +48,11 @@ type Config struct {
 	// envelopes kept in memory, so that reading one again skips Pebble's
 	// read path. 0 is DefaultEnvelopeCache; negative, none.
 	EnvelopeCache int
-	Metrics       *Metrics
+	// MaxLoaded bounds the mailboxes kept in memory (see cache): 0 is
+	// DefaultMaxLoaded. Past it, a mailbox nothing holds is dropped and
+	// read from the store again when next used.
+	MaxLoaded int
+	Metrics   *Metrics
 	// ICE configures the ice endpoint of apps that enable it.
 	ICE ICEConfig
 	// Push holds the loaded push modules.
@@ -89,6 +94,12 @@ const (
 
 // DefaultEnvelopeCache is RELAY_ENVELOPE_CACHE's default: 32 MiB.
 const DefaultEnvelopeCache = 32 << 20
+
+// DefaultMaxLoaded is how many mailboxes stay in memory by default:
+// 131,072 entries of about 500 bytes each (both directions loaded and a
+// rate-limit bucket; TestLoadedMailboxBytes measures it) are about 64 MiB
+// at most.
+const DefaultMaxLoaded = 1 << 17
 
 // WriteBufferSize is the mailbox listener's answer buffer (see
 // server.Service): 16 answers of 1 KiB envelopes to pipelined GETs leave
@@ -132,6 +143,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.EnvelopeCache == 0 {
 		cfg.EnvelopeCache = DefaultEnvelopeCache
 	}
+	if cfg.MaxLoaded <= 0 {
+		cfg.MaxLoaded = DefaultMaxLoaded
+	}
 	envs := envcache.New(cfg.EnvelopeCache)
 	cfg.Metrics.envelopeCache.Store(envs)
 	lim, err := newLimits()
@@ -145,8 +159,10 @@ func New(cfg Config) (*Handler, error) {
 		}
 		apps[name] = &a
 	}
-	return &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(), envs: envs, limits: lim,
-		pushJobs: make(chan pushJob, pushQueue)}, nil
+	h := &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(cfg.MaxLoaded), envs: envs, limits: lim,
+		pushJobs: make(chan pushJob, pushQueue)}
+	cfg.Metrics.loaded.Store(h.cache)
+	return h, nil
 }
 
 // ServeHTTP routes one request.
@@ -173,12 +189,21 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	}
 	var nb [store.MaxMailboxName]byte
 	name := append(append(append(nb[:0], r.app.Name...), '/'), r.id...)
-	m := h.cache.get(name)
 	now := h.cfg.Now().UnixNano()
 	tokHash := httpx.Hash(tok)
 
 	method := string(ctx.Method())
-	if r.kind == routeMailbox && method == fasthttp.MethodPut {
+	claim := r.kind == routeMailbox && method == fasthttp.MethodPut
+	if claim && len(ctx.Request.Body()) != 0 {
+		errBadRequest.answer(ctx)
+		return
+	}
+	m := h.mailboxFor(ctx, name, tokHash, now, claim)
+	if m == nil {
+		return
+	}
+	defer h.cache.release(m)
+	if claim {
 		h.claim(ctx, m, tokHash, now)
 		return
 	}
@@ -291,23 +316,49 @@ func (h *Handler) authorize(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash
 	return true
 }
 
-func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
-	if h.unavailable(ctx, err) {
-		return
+// mailboxFor returns the mailbox of a request, held (release it), or nil
+// when it has answered. A mailbox in memory is returned as it is, for
+// authorize or claim to decide under its lock. One that is not is first
+// read from the store without making an entry, and only a request that
+// would pass authorize (or a claim that would not be 409) makes one: a
+// refused request keeps nothing, so unauthenticated requests of random
+// ids cannot fill memory. The entry made loads the record again under its
+// lock, since the store may have changed between the two reads.
+func (h *Handler) mailboxFor(ctx *fasthttp.RequestCtx, name []byte, tok store.Hash, now int64, claim bool) *mailbox {
+	if m := h.cache.lookup(name); m != nil {
+		return m
 	}
+	key := string(name) // a miss reads the store anyway
+	rec, err := h.cfg.Store.Mailbox(key)
+	exists := err == nil
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		h.internal(ctx, fmt.Errorf("mailbox: peek %s: %w", key, err))
+		return nil
+	}
+	live := exists && now-rec.LastActive <= int64(h.cfg.Idle)
+	mine := live && subtle.ConstantTimeCompare(rec.Token[:], tok[:]) == 1
+	switch {
+	case claim && live && !mine:
+		errTaken.answer(ctx)
+		return nil
+	case claim:
+	case !live:
+		errNotFound.answer(ctx)
+		return nil
+	case !mine:
+		errForbidden.answer(ctx)
+		return nil
+	}
+	return h.cache.acquire(name)
+}
+
+func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
 	h.log.Error("mailbox request failed", "err", err)
 	errInternal.answer(ctx)
 }
 
 // claim is PUT /v1/<app>/mailbox/<id>.
 func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, now int64) {
-	if !h.take(ctx, h.limits.fetches, m.key, now) {
-		return
-	}
-	if len(ctx.Request.Body()) != 0 {
-		errBadRequest.answer(ctx)
-		return
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastUse = now
@@ -316,11 +367,17 @@ func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, no
 		return
 	}
 	expired := h.expired(m, now)
+	taken := m.exists && !expired && subtle.ConstantTimeCompare(m.rec.Token[:], tok[:]) != 1
+	if taken {
+		errTaken.answer(ctx)
+		return
+	}
+	// A claim refused as taken spends no token: like a 403, it keeps
+	// nothing for the mailbox (no bucket) for a request it refuses.
+	if !h.take(ctx, h.limits.fetches, m.key, now) {
+		return
+	}
 	if m.exists && !expired {
-		if subtle.ConstantTimeCompare(m.rec.Token[:], tok[:]) != 1 {
-			errTaken.answer(ctx)
-			return
-		}
 		// A heartbeat: restarts the idle timer like a write, durably.
 		rec := store.MailboxRecord{Token: tok, LastActive: now}
 		if err := h.cfg.Store.Claim(m.name, rec, m.persisted, false); err != nil {

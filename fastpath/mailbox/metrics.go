@@ -22,6 +22,8 @@ type Metrics struct {
 	// envelopeCache is the handler's cache, read at scrape time (the
 	// series are created before the handler that owns the cache).
 	envelopeCache atomic.Pointer[envcache.Cache]
+	// loaded is the handler's cache of mailboxes, read at scrape time.
+	loaded atomic.Pointer[cache]
 }
 
 // NewMetrics creates the series and registers them with reg (nil: unregistered).
@@ -47,9 +49,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	cacheBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgerelay_mailbox_envelope_cache_bytes",
 		Help: "Envelope bytes the envelope cache holds (RELAY_ENVELOPE_CACHE bounds it)."},
 		func() float64 { return float64(m.envelopeCache.Load().Stats().Bytes) })
+	loaded := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgerelay_mailbox_loaded",
+		Help: "Mailboxes held in memory (authorized ones only; bounded, quiet ones evicted)."},
+		func() float64 {
+			if c := m.loaded.Load(); c != nil {
+				return float64(c.len())
+			}
+			return 0
+		})
 	if reg != nil {
 		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes,
-			cacheHits, cacheMisses, cacheBytes)
+			cacheHits, cacheMisses, cacheBytes, loaded)
 	}
 	return m
 }

@@ -49,8 +49,13 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int6
 	me, other := sideIndex(r.side), 1-sideIndex(r.side)
 	frameKey := dirKey(m.key, r.side)
 	// Nothing is reserved for a signal side before its upgrade (the newer
-	// socket replaces the older one in serve): nothing to abandon.
-	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), nil, func(conn *ws.Conn) {
+	// socket replaces the older one in serve). The mailbox is held from
+	// here until the socket ends, so that it cannot be evicted from
+	// memory before serve registers the socket; abandon lets it go.
+	m.refs.Add(1) // the request holds it too: no eviction races this
+	release := func() { h.cache.release(m) }
+	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), release, func(conn *ws.Conn) {
+		defer release()
 		if !h.group.Add(conn) {
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
