@@ -357,3 +357,53 @@ func TestBigDatagrams(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayIPv6 runs the relay on IPv6 loopback: relay sockets read IPv6
+// senders, and Data indications and Send indications carry IPv6
+// XOR-PEER-ADDRESSes (XORed with the transaction ID, not the cookie
+// alone), as ChannelData still flows.
+func TestRelayIPv6(t *testing.T) {
+	probe, err := net.ListenPacket("udp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	_ = probe.Close()
+	s, _ := testServer(t, func(c *Config) {
+		c.Listen = "[::1]:0"
+		c.AllowPeers = []netip.Prefix{netip.MustParsePrefix("::1/128")}
+	})
+	peer, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("[::1]:0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = peer.Close() })
+	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, network := range transports {
+		c := rawClient(t, s, network, "ipv6")
+		relay, err := turntest.RelayedAddressOf(allocate(t, c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, _ := request(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
+			t.Fatalf("%s CreatePermission to %v: %d", network, peerAddr, code)
+		}
+		want := payload(3001, 6)
+		if err := c.Send(turntest.SendIndication(peerAddr, want)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readPeer(t, peer); !bytes.Equal(got, want) {
+			t.Fatalf("%s Send indication to an IPv6 peer: %d bytes", network, len(got))
+		}
+		if _, err := peer.WriteToUDPAddrPort(want, relay); err != nil {
+			t.Fatal(err)
+		}
+		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		from, got, err := turntest.DataIndicationOf(frame)
+		if err != nil || from != peerAddr || !bytes.Equal(got, want) {
+			t.Fatalf("%s Data indication from an IPv6 peer: from %v (want %v), %d bytes, %v", network, from, peerAddr, len(got), err)
+		}
+	}
+}
