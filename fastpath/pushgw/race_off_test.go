@@ -1,0 +1,5 @@
+//go:build !race
+
+package pushgw
+
+const raceEnabled = false
