@@ -169,3 +169,22 @@ func TestRefusedBodyStillBeingWrittenGetsTheAnswer(t *testing.T) {
 		expect(t, fmt.Sprint("512 KiB, round ", i), a, 413, errBody("request body too large"))
 	}
 }
+
+// A body whose stream breaks (here a malformed chunk) is 400 "could not
+// read request body", as in the reference, on /send and on /register,
+// where it mints no key (unparseable JSON would read as {} and mint).
+func TestUnreadableBodyRefused(t *testing.T) {
+	f := newAPNsFake(t)
+	g := startGateway(t, gwOpts{apns: f.client, rate: 100, registration: true})
+	_, key := g.newKey("server")
+	for _, tc := range []struct{ path, auth string }{
+		{"/send", "Authorization: Bearer " + key},
+		{"/register", "X-Test: 1"},
+	} {
+		a, _, _ := headersOnly(t, g.addr, head("POST", tc.path, -1, tc.auth)+"zz\r\n{}\r\n0\r\n\r\n")
+		expect(t, tc.path, a, 400, errBody("could not read request body"))
+	}
+	if list, _ := g.keys.List(); len(list) != 1 {
+		t.Fatalf("%d keys: a broken /register minted one", len(list))
+	}
+}

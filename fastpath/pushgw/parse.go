@@ -30,6 +30,7 @@ const (
 // Messages of the 400 answers, in the order the checks run.
 const (
 	errInvalidJSON   = "invalid json body"
+	errUnreadable    = "could not read request body" // the body's stream broke (a malformed chunk, a reset)
 	errMissingToken  = "missing token"
 	errInvalidToken  = "invalid token"
 	errInvalidTitle  = "invalid title"

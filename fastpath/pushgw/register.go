@@ -56,7 +56,11 @@ func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
 		return
 	}
 	if err != nil {
-		body = nil // unreadable reads as {}
+		// Unparseable reads as {}, but a body that could not be read is
+		// refused, as the reference refuses it: no key for a broken
+		// request.
+		h.fail(ctx, r, fasthttp.StatusBadRequest, errUnreadable)
+		return
 	}
 	label := string(sc.p.parseLabel(body))
 

@@ -139,7 +139,7 @@ func (h *Handler) send(ctx *fasthttp.RequestCtx, r *request) {
 		return
 	}
 	if err != nil {
-		h.denied(ctx, r, key.ID, fasthttp.StatusBadRequest, errInvalidJSON, "body_unreadable")
+		h.denied(ctx, r, key.ID, fasthttp.StatusBadRequest, errUnreadable, "body_unreadable")
 		return
 	}
 	if cap(body) > cap(sc.body) {
