@@ -15,7 +15,8 @@
 # module proxy once, like a module; the module itself stays on its own Go)
 # unless the installed Go is 1.27 or newer. FUZZ_GOTOOLCHAIN=local fuzzes
 # with the installed Go; so does a machine that cannot fetch the toolchain,
-# and says so.
+# and says so. Only the fuzzing runs on it: listing the targets stays on
+# the installed Go, whose build cache make test has filled.
 #
 # Go keeps the other inputs that found new coverage in its build cache; they
 # are copied into testdata/fuzz/<Target>/ too (names are content hashes, so
@@ -38,8 +39,7 @@ if ! why=$(GOTOOLCHAIN="$toolchain" go version 2>&1 >/dev/null); then
   echo "fuzz: Go $toolchain cannot be had here; fuzzing with the installed $installed ($why)" >&2
   toolchain=local
 fi
-export GOTOOLCHAIN="$toolchain"
-gover=$(go env GOVERSION)
+gover=$(GOTOOLCHAIN="$toolchain" go env GOVERSION)
 if printf '%s\n' go1.27 "$gover" | sort -V -C; then
   fuzzedwith="fuzzed with $gover, which has the fix of golang/go#75804"
 else
@@ -76,7 +76,7 @@ for pkg in $(go list "${packages[@]}"); do
     # that stalled whole runs (FuzzAppendData: 219k execs in 15s, 640k
     # with 1s of minimizing). Crashers are kept whether minimized or not.
     rc=0
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 2s "$pkg" 2>&1 |
+    GOTOOLCHAIN="$toolchain" go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 2s "$pkg" 2>&1 |
       tee "$work/log" || rc=${PIPESTATUS[0]}
     verdict=$(fuzz_classify "$rc" "$work/log" "$work/before" "$rel" "$target")
     case $verdict in

@@ -32,6 +32,10 @@ RELAY_DATA_DIR and RELAY_ADMIN_LISTEN).
 
 // runAgentKeys is `edgerelay keys agent …`.
 func runAgentKeys(args []string, stdout, stderr io.Writer) int {
+	if helpAsked(args) {
+		fmt.Fprint(stdout, agentKeysUsage)
+		return 0
+	}
 	values, err := config.Load(nil, os.Environ(), io.Discard)
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerelay keys agent: %v\n", err)

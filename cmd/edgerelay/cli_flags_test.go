@@ -163,6 +163,24 @@ func TestCLIFlagsAfterPositionalArguments(t *testing.T) {
 		}
 	})
 
+	t.Run("help at every level", func(t *testing.T) {
+		for _, argv := range [][]string{
+			{"--help"}, {"help"}, {"version", "--help"},
+			{"keys", "--help"}, {"keys", "channel", "-h"}, {"keys", "channel", "add", "h9", "--help"},
+			{"keys", "agent", "--help"}, {"keys", "agent", "pair-key", "acme", "-help"},
+			{"keys", "push", "-h"}, {"keys", "push", "create", "--help"}, {"keys", "push", "revoke", "x", "-h"},
+			{"conformance", "--help"}, {"conformance", "channel", "--origin", "http://127.0.0.1:1", "--help"},
+		} {
+			out, errOut, code := edgerelay(t, env, argv...)
+			if code != 0 || !strings.Contains(out, "usage") || errOut != "" {
+				t.Errorf("%q: exit %d, want 0 with the usage on stdout and nothing on stderr\nstdout:\n%s\nstderr:\n%s", argv, code, out, errOut)
+			}
+		}
+		if out := cliOK(t, env, "keys", "channel", "list"); regexpLine(out, `^h9\s`) {
+			t.Fatalf("help added a host:\n%s", out)
+		}
+	})
+
 	t.Run("conformance and version", func(t *testing.T) {
 		cliUsageError(t, nil, "conformance channel", `unexpected argument "stray"`, "conformance", "channel", "stray", "--origin", "http://127.0.0.1:1")
 		cliUsageError(t, nil, "conformance channel", `unexpected argument "stray"`, "conformance", "channel", "--origin", "http://127.0.0.1:1", "stray")

@@ -36,6 +36,10 @@ with "conformance: pass" (exit 0) or the failed checks and "conformance: fail"
 
 // runConformance implements `edgerelay conformance channel --origin URL --key-a-file F --key-b-file F [--ca FILE] [--restart-cmd CMD] [--timeout D]`.
 func runConformance(args []string, stdout, stderr io.Writer) int {
+	if helpAsked(args) {
+		fmt.Fprint(stdout, conformanceUsage)
+		return 0
+	}
 	if len(args) == 0 || args[0] != "channel" {
 		fmt.Fprint(stderr, conformanceUsage)
 		return 2

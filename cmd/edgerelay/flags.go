@@ -33,6 +33,13 @@ func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io
 	}
 }
 
+// helpAsked reports whether args start with -h, -help or --help, which
+// the flag package reads as a request for help: for a command group
+// (`keys --help`, `keys agent -h`), whose flags are parsed only below it.
+func helpAsked(args []string) bool {
+	return len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help")
+}
+
 // usageError prints "edgerelay <command>: <msg>" and the command's usage on
 // stderr, and returns the exit code of a usage error.
 func usageError(stderr io.Writer, command, msg, usage string) int {

@@ -35,6 +35,10 @@ those two from the environment.
 `
 
 func runKeys(args []string, stdout, stderr io.Writer) int {
+	if helpAsked(args) || len(args) >= 1 && args[0] == "channel" && helpAsked(args[1:]) {
+		fmt.Fprint(stdout, keysUsage)
+		return 0
+	}
 	if len(args) >= 1 && args[0] == "push" {
 		return runPushKeys(args[1:], stdout, stderr)
 	}
@@ -183,6 +187,10 @@ func (k keysClient) callAdmin(method, path string, body any, want int, out any) 
 
 // runPushKeys is `edgerelay keys push …`: the push gateway's API keys.
 func runPushKeys(args []string, stdout, stderr io.Writer) int {
+	if helpAsked(args) {
+		fmt.Fprint(stdout, keycmd.Usage)
+		return 0
+	}
 	values, err := config.Load(nil, os.Environ(), io.Discard)
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerelay keys push: %v\n", err)

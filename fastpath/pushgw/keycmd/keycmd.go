@@ -63,13 +63,18 @@ func Run(args []string, cfg Config, stdout, stderr io.Writer) int {
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("keys push "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stderr) // the error of a bad flag; the usage is printed below
+	fs.Usage = func() {}
 	label := fs.String("label", "", "label of the new key (1 to 64 characters)")
 	expires := fs.String("expires", "", "expiry: RFC 3339 time or duration from now; empty: never")
 	mount := fs.String("mount", "", "fcm or apns, when the mounts keep separate key stores")
 	id := fs.String("id", "", "key id (from list)")
 	// Flags before or after the key id, as in every edgerelay command.
-	if err := cliflag.Parse(fs, args[1:]); err != nil {
+	if err := cliflag.Parse(fs, args[1:]); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, Usage)
+		return 0
+	} else if err != nil {
+		fmt.Fprint(stderr, "\n"+Usage)
 		return 2
 	}
 	perKey := verb == "disable" || verb == "enable" || verb == "revoke"
