@@ -62,7 +62,7 @@ func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 	}
 	plog := log.With("component", "pebble")
 	bal := newBallast(filepath.Join(dataDir, ballastFile), o.DiskReserve/2)
-	h := newHealth(dir, o.DiskReserve, bal, plog)
+	h := newHealth(dir, o.DiskReserve, bal, log.With("component", "store"))
 	if o.freeBytes != nil {
 		h.freeBytes = o.freeBytes
 	}
