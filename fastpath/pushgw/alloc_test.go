@@ -1,6 +1,7 @@
 package pushgw
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
@@ -148,5 +149,26 @@ func TestAnswersFromHeadersAllocations(t *testing.T) {
 	allocs := testing.AllocsPerRun(200, func() { _ = h.AnswersFromHeaders(&ctx.Request.Header) })
 	if allocs != 0 {
 		t.Errorf("%.0f allocations per header check, want 0", allocs)
+	}
+}
+
+// A request whose body the listener withheld reaches the body read only
+// when its key became usable between the headers and the handler; the
+// headers' verdict (401) stands, and nothing is read or sent.
+func TestWithheldBodyWithAKeyThatBecameValid(t *testing.T) {
+	h, key := stubHandler(t, nil, false)
+	ctx := stubCtx(key)
+	ctx.Request.ResetBody()
+	ctx.Request.Header.SetContentLength(0)
+	ctx.Request.Header.Set("X-Edgerelay-Withheld-Length", "120") // as server.AnswerBeforeBody writes it
+	h.ServeHTTP(ctx)
+	if ctx.Response.StatusCode() != 401 || !bytes.Contains(ctx.Response.Body(), []byte(`"invalid api key"`)) {
+		t.Fatalf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	ctx.Response.Reset()
+	ctx.Request.Header.Set("X-Edgerelay-Withheld-Length", "16385")
+	h.ServeHTTP(ctx)
+	if ctx.Response.StatusCode() != 413 {
+		t.Fatalf("declared 16385: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
 }
