@@ -188,3 +188,20 @@ func TestUnreadableBodyRefused(t *testing.T) {
 		t.Fatalf("%d keys: a broken /register minted one", len(list))
 	}
 }
+
+// The listener's note of a withheld body cannot come from the client: a
+// valid send that carries it is served, and so is an HTTP/1.0 refusal.
+func TestWithheldNoteNotSpoofable(t *testing.T) {
+	f := newAPNsFake(t)
+	g := startGateway(t, gwOpts{apns: f.client, rate: 100})
+	_, key := g.newKey("server")
+	h := map[string]string{"Authorization": "Bearer " + key, "X-Edgerelay-Withheld-Length": "99999"}
+	expect(t, "spoofed note", g.do("POST", "/send", h, strings.NewReader(`{"token":"abc"}`)), 200, `{"ok":true}`)
+	h = map[string]string{"Authorization": "Bearer " + key, "X-Edgerelay-Withheld-Length": "1"}
+	expect(t, "spoofed note, no body", g.do("POST", "/send", h, nil), 400, errBody("invalid json body"))
+	a, closes, _ := headersOnly(t, g.addr, strings.Replace(head("POST", "/send", 500), "HTTP/1.1", "HTTP/1.0", 1))
+	expect(t, "HTTP/1.0 without key", a, 401, errBody("missing api key"))
+	if !closes {
+		t.Error("HTTP/1.0 refusal keeps the connection")
+	}
+}
