@@ -353,6 +353,9 @@ func (h *Handler) mailboxFor(ctx *fasthttp.RequestCtx, name []byte, tok store.Ha
 }
 
 func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
+	if h.unavailable(ctx, err) {
+		return
+	}
 	h.log.Error("mailbox request failed", "err", err)
 	errInternal.answer(ctx)
 }
