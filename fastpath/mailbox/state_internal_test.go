@@ -2,11 +2,14 @@ package mailbox
 
 import (
 	"fmt"
+	"net"
+	"net/http"
 	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/fasthttp/websocket"
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/bucket"
@@ -318,5 +321,65 @@ func TestAuthorizedReadsAllocNothing(t *testing.T) {
 		if allocs := testing.AllocsPerRun(1000, call); allocs != 0 || status != 200 {
 			t.Errorf("%s %s: %v allocations, status %d; want 0 and 200", r.method, r.path, allocs, status)
 		}
+	}
+}
+
+// peekRefs is the holds on the entry of name, without taking one; ok is
+// false when it is not in memory.
+func (c *cache) peekRefs(name string) (refs int32, ok bool) {
+	s, _ := c.shard([]byte(name))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.m[name]
+	if m == nil {
+		return 0, false
+	}
+	return m.refs.Load(), true
+}
+
+// TestSignalSocketHoldsItsMailbox: a signal socket holds its mailbox in
+// memory from before its upgrade until it ends (nothing else marks the
+// mailbox busy between the answer and serve), and gives the hold back when
+// it ends, so the entry can be evicted again.
+func TestSignalSocketHoldsItsMailbox(t *testing.T) {
+	s := newStateHandler(t, 0)
+	s.h.cfg.DetachSockets = true
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: s.h.ServeHTTP, KeepHijackedConns: true}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	const name = "chat/signal0000000001"
+	path := "/v1/" + name[:4] + "/mailbox/" + name[5:]
+	if got := s.do("PUT", path, stateToken, nil); got != 201 {
+		t.Fatalf("claim: %d", got)
+	}
+	c, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+path+"/signal/primary",
+		http.Header{"Authorization": {"Bearer " + stateToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs, ok := s.h.cache.peekRefs(name); !ok || refs != 1 {
+		t.Fatalf("open signal socket: %d holds (in memory %v), want 1", refs, ok)
+	}
+	if n := s.h.cache.evictIdle(s.now + int64(time.Hour)); n != 0 {
+		t.Fatalf("evicted %d mailboxes with an open signal socket", n)
+	}
+	c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		refs, _ := s.h.cache.peekRefs(name)
+		if refs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d holds left after the socket ended", refs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := s.h.cache.evictIdle(s.now + int64(time.Hour)); n != 1 {
+		t.Fatalf("evicted %d mailboxes after the socket ended, want 1", n)
 	}
 }
