@@ -583,7 +583,6 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 		svc.StreamRequestBody = true
 		svc.ErrorHandler = h.ServeError
 		svc.AnswerBeforeBody = h.AnswersFromHeaders
-		svc.AnswerBeforeBody = h.AnswersFromHeaders
 		*services = append(*services, svc)
 		keys[m.provider] = &pushgw.Keys{Store: st, Log: r.log.With("service", string(m.service))}
 		ready := "provider configured"
