@@ -839,15 +839,16 @@ func (in *hostileInstance) routed(t *testing.T, c *websocket.Conn, id string) st
 }
 
 // frozenAgentClient: the instance sends to a browser client that never
-// reads; it is closed at its 4 MiB bound (1013, spec/agent-relay.md) and
-// the instance gets its acp.detach, while another client of the same
-// instance gets every frame.
+// reads; it is closed at its bound (1013, spec/agent-relay.md; 32 MiB:
+// room for a largest frame behind another, README) and the instance gets
+// its acp.detach, while another client of the same instance gets every
+// frame.
 func frozenAgentClient(t *testing.T, r *hostileRelay, in *hostileInstance, clientToken string) {
 	frozen, frozenSess := in.attach(t, r, frozenDialer(nil), clientToken)
 	live, liveSess := in.attach(t, r, websocket.DefaultDialer, clientToken)
 
 	pad := strings.Repeat("x", 60000)
-	n := frozenBytes(4<<20) / len(pad)
+	n := frozenBytes(32<<20) / len(pad)
 	line := func(sess string, i int, pad string) []byte {
 		return []byte(`{"type":"acp.message","instance":"` + in.id + `","session":"` + sess + `","n":` + strconv.Itoa(i) + `,"pad":"` + pad + `"}`)
 	}
