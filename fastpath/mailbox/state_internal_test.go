@@ -207,9 +207,9 @@ func TestExpiredMailboxNotInMemoryIs404(t *testing.T) {
 // entry nothing holds; a held one (a request in progress) or a busy one
 // (a watcher) stays, and the evicted mailbox is read from the store again.
 func TestCacheBoundEvictsQuietEntries(t *testing.T) {
-	const maxLoaded = cacheShards * 4
+	const maxLoaded = cacheShards * 2
 	s := newStateHandler(t, maxLoaded)
-	for i := range 4 * maxLoaded {
+	for i := range 3 * maxLoaded {
 		path := fmt.Sprintf("/v1/chat/mailbox/bound%016d", i)
 		if got := s.do("PUT", path, stateToken, nil); got != 201 {
 			t.Fatalf("claim %d: %d", i, got)
@@ -223,11 +223,35 @@ func TestCacheBoundEvictsQuietEntries(t *testing.T) {
 		t.Fatalf("%d mailboxes in memory, bound %d", n, maxLoaded)
 	}
 	// Every mailbox still answers from the store after its eviction.
-	for i := range 4 * maxLoaded {
+	for i := range 3 * maxLoaded {
 		path := fmt.Sprintf("/v1/chat/mailbox/bound%016d", i)
 		if got := s.do("GET", path+"/p2c/1", stateToken, nil); got != 200 {
 			t.Fatalf("GET %d after eviction: %d", i, got)
 		}
+	}
+
+	// At a shard's share nothing is evicted; one past it, the least
+	// recently used entry is.
+	edge := newCache(cacheShards * 2) // two a shard
+	var same []string
+	want, _ := edge.shard([]byte("chat/edge0"))
+	for i := 0; len(same) < 3; i++ {
+		name := "chat/edge" + strconv.Itoa(i)
+		if sh, _ := edge.shard([]byte(name)); sh == want {
+			same = append(same, name)
+		}
+	}
+	for i, name := range same[:2] {
+		m := edge.acquire([]byte(name))
+		m.lastUse = int64(i + 1)
+		edge.release(m)
+	}
+	if n := len(want.m); n != 2 {
+		t.Fatalf("at the share: %d entries, want 2", n)
+	}
+	edge.release(edge.acquire([]byte(same[2])))
+	if _, ok := want.m[same[0]]; ok || len(want.m) != 2 {
+		t.Fatalf("one past the share: entries %v, want the least recently used (%s) evicted", want.m, same[0])
 	}
 
 	// Held and busy entries are never evicted, even past the bound.
