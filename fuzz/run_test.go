@@ -121,22 +121,22 @@ func TestRunSh(t *testing.T) {
 		fuzzToolchain  string // FUZZ_GOTOOLCHAIN, unset when empty
 		crash          bool
 		brokenPkg      bool   // a second package whose go test -list fails
-		wantToolchain  string // GOTOOLCHAIN of every go test -fuzz
+		wantToolchain  string // GOTOOLCHAIN of every go test -fuzz (local: the installed Go)
 		wantCode       int
 		wantSummary    string
 		wantStderrPart string
 	}{
-		{"crasher, flake, pass on go1.27.3", "go1.26.8", "go1.27.3", "", true, false, "go1.27.3", 1,
-			"fuzz: 1 passed, 1 failed, 1 flaked (failed: pkga FuzzCrash (pkga/testdata/fuzz/FuzzCrash/" + crasher + ")) (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.27.3, " + fixed, ""},
-		{"flake and pass: exit 0", "go1.26.8", "go1.27.3", "", false, false, "go1.27.3", 0,
-			"fuzz: 1 passed, 0 failed, 1 flaked (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.27.3, " + fixed, ""},
-		{"no go1.27.3 to be had", "go1.26.8", "", "", false, false, "local", 0,
-			"fuzz: 1 passed, 0 failed, 1 flaked (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.26.8, " + unfixed,
-			"fuzz: Go go1.27.3 cannot be had here; fuzzing with the installed go1.26.8"},
-		{"FUZZ_GOTOOLCHAIN=local", "go1.26.8", "go1.27.3", "local", true, false, "local", 1,
+		{"crasher, flake, pass", "go1.26.8", "go1.27.3", "", true, false, "local", 1,
 			"fuzz: 1 passed, 1 failed, 1 flaked (failed: pkga FuzzCrash (pkga/testdata/fuzz/FuzzCrash/" + crasher + ")) (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.26.8, " + unfixed, ""},
-		{"a package that does not build", "go1.26.8", "go1.27.3", "", false, true, "go1.27.3", 1,
-			"fuzz: 1 passed, 1 failed, 1 flaked (failed: pkgb (go test -list failed)) (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.27.3, " + fixed, ""},
+		{"flake and pass: exit 0", "go1.26.8", "go1.27.3", "", false, false, "local", 0,
+			"fuzz: 1 passed, 0 failed, 1 flaked (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.26.8, " + unfixed, ""},
+		{"a package that does not build", "go1.26.8", "go1.27.3", "", false, true, "local", 1,
+			"fuzz: 1 passed, 1 failed, 1 flaked (failed: pkgb (go test -list failed)) (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.26.8, " + unfixed, ""},
+		{"FUZZ_GOTOOLCHAIN=go1.27.3", "go1.26.8", "go1.27.3", "go1.27.3", true, false, "go1.27.3", 1,
+			"fuzz: 1 passed, 1 failed, 1 flaked (failed: pkga FuzzCrash (pkga/testdata/fuzz/FuzzCrash/" + crasher + ")) (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.27.3, " + fixed, ""},
+		{"FUZZ_GOTOOLCHAIN=go1.27.3 not to be had", "go1.26.8", "", "go1.27.3", false, false, "local", 0,
+			"fuzz: 1 passed, 0 failed, 1 flaked (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.26.8, " + unfixed,
+			"fuzz: Go go1.27.3 cannot be had here; fuzzing with the installed go1.26.8 (go: download go1.27.3 for linux/amd64: toolchain not available)"},
 		{"installed Go has the fix", "go1.27.1", "", "", false, false, "local", 0,
 			"fuzz: 1 passed, 0 failed, 1 flaked (flaked, skipped: pkga FuzzAppendData); fuzzed with go1.27.1, " + fixed, ""},
 	} {
