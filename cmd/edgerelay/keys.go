@@ -110,10 +110,11 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// keysFlags defines the flags that every key command shares, --data-dir
-// and --admin-listen (defaults from RELAY_DATA_DIR and RELAY_ADMIN_LISTEN,
-// as serve reads them), and returns the client they configure once fs is
-// parsed.
+// keysFlags defines the flags that keys channel and keys agent share,
+// --data-dir and --admin-listen (defaults from RELAY_DATA_DIR and
+// RELAY_ADMIN_LISTEN, as serve reads them), and returns the client they
+// configure once fs is parsed. (keys push, in package keycmd, takes both
+// from the environment only.)
 func keysFlags(fs *flag.FlagSet, values *config.Values) *keysClient {
 	k := &keysClient{}
 	fs.StringVar(&k.dataDir, "data-dir", values.String(config.EnvDataDir), "data dir of the relay")
