@@ -134,6 +134,18 @@ func (r *diskFullRig) readyz() int {
 	return r.must(r.client, "GET", r.s.origin("admin")+"/readyz", "", nil).status
 }
 
+// refusedGauge is the value of edgerelay_store_writes_refused.
+func (r *diskFullRig) refusedGauge() string {
+	r.t.Helper()
+	_, body := get(r.t, r.s.origin("admin")+"/metrics")
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, "edgerelay_store_writes_refused "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // fill writes a file into the data dir's filesystem until it is full and
 // returns its path.
 func (r *diskFullRig) fill() string {
@@ -415,6 +427,9 @@ func TestExhaustDiskFullRefusesWritesAndRecovers(t *testing.T) {
 		if code := r.readyz(); code != 503 {
 			t.Fatalf("round %d: /readyz %d on a full disk, want 503", round, code)
 		}
+		if m := r.refusedGauge(); m != "1" {
+			t.Fatalf("round %d: edgerelay_store_writes_refused %q on a full disk, want 1", round, m)
+		}
 		if code, _ := get(t, r.s.origin("admin")+"/healthz"); code != 200 {
 			t.Fatalf("round %d: /healthz %d on a full disk, want 200", round, code)
 		}
@@ -446,6 +461,9 @@ func TestExhaustDiskFullRefusesWritesAndRecovers(t *testing.T) {
 		waitUntil("writes after the filler is gone", 5*time.Second, func() bool { return ackedNow() > after })
 		t.Logf("round %d: first write acknowledged %v after the filler was deleted", round, time.Since(freed).Round(time.Millisecond))
 		waitUntil("/readyz 200 after the filler is gone", 5*time.Second, func() bool { return r.readyz() == 200 })
+		if m := r.refusedGauge(); m != "0" {
+			t.Fatalf("round %d: edgerelay_store_writes_refused %q after recovery, want 0", round, m)
+		}
 		r.storeWrites(round)
 	}
 

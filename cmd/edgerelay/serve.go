@@ -134,6 +134,9 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := admin.RegisterStorage(reg, db.Unavailable); err != nil {
+		return nil, err
+	}
 	listenerMetrics, err := netlimit.NewPromMetrics(reg)
 	if err != nil {
 		return nil, err

@@ -50,3 +50,30 @@ func TestReadyzFollowsTheStore(t *testing.T) {
 		t.Fatalf("store back: %d, want 200", code)
 	}
 }
+
+func TestStoreWritesRefusedGauge(t *testing.T) {
+	var refusing atomic.Bool
+	reg := prometheus.NewRegistry()
+	if err := admin.RegisterStorage(reg, func() error {
+		if refusing.Load() {
+			return store.ErrUnavailable
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	value := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 || mfs[0].GetName() != "edgerelay_store_writes_refused" {
+			t.Fatalf("gathered %v, %v", mfs, err)
+		}
+		return mfs[0].GetMetric()[0].GetGauge().GetValue()
+	}
+	if v := value(); v != 0 {
+		t.Fatalf("writable store: %v, want 0", v)
+	}
+	refusing.Store(true)
+	if v := value(); v != 1 {
+		t.Fatalf("store refusing writes: %v, want 1", v)
+	}
+}
