@@ -2,9 +2,11 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -216,4 +218,41 @@ func (h *health) stopMonitorForTest(t *testing.T) {
 	h.stop = make(chan struct{})
 	h.done = make(chan struct{})
 	close(h.done)
+}
+
+// Pebble retries a failed flush at once and forever; repeated background
+// errors are slowed down, and ENOSPC among them releases the ballast at
+// the next check.
+func TestRepeatedBackgroundErrorsBackOff(t *testing.T) {
+	db, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	h := db.health
+	enospc := fmt.Errorf("flush: write 000012.sst: %w", syscall.ENOSPC)
+	begin := time.Now()
+	h.backgroundError(enospc) // the first: no pause
+	if d := time.Since(begin); d > backoffMax {
+		t.Fatalf("first background error paused %v", d)
+	}
+	if !h.enospc.Load() {
+		t.Fatal("ENOSPC not noted for the ballast")
+	}
+	begin = time.Now()
+	for range 8 { // pauses of 2, 4, ... 256 ms, each at most backoffMax
+		h.backgroundError(enospc)
+	}
+	want := (2 + 4 + 8 + 16 + 32 + 64 + 128) * time.Millisecond // and one of backoffMax
+	if d := time.Since(begin); d < want+backoffMax {
+		t.Fatalf("8 repeated background errors took %v, want at least %v", d, want+backoffMax)
+	}
+	h.bgMu.Lock()
+	h.bgLast = time.Now().Add(-time.Second) // a quiet second: the back-off starts over
+	h.bgMu.Unlock()
+	begin = time.Now()
+	h.backgroundError(errors.New("compaction: something else"))
+	if d := time.Since(begin); d > backoffMax {
+		t.Fatalf("background error after a quiet second paused %v", d)
+	}
 }
