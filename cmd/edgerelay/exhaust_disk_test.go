@@ -415,8 +415,18 @@ func TestExhaustDiskFullRefusesWritesAndRecovers(t *testing.T) {
 		}
 	}
 
+	ballast := func() int64 {
+		fi, err := os.Stat(filepath.Join(r.mount, "ballast"))
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
 	rounds := soakScale(t)
 	for round := range rounds {
+		if got := ballast(); got != diskReserve/2 {
+			t.Fatalf("round %d: ballast of %d bytes before the fill, want half the reserve", round, got)
+		}
 		before := ackedNow()
 		waitUntil("writes before the fill", 20*time.Second, func() bool { return ackedNow() >= before+8 })
 		filler := r.fill()
@@ -435,6 +445,8 @@ func TestExhaustDiskFullRefusesWritesAndRecovers(t *testing.T) {
 		}
 		r.storeRefusals(round)
 		readBack(round)
+		// The filler took the last byte: the ballast gives Pebble its room.
+		waitUntil("the ballast released", promptly, func() bool { return ballast() == 0 })
 
 		// Hammered while full, the log stays bounded.
 		linesBefore := strings.Count(r.s.stderr.String(), "\n")
@@ -464,6 +476,7 @@ func TestExhaustDiskFullRefusesWritesAndRecovers(t *testing.T) {
 		if m := r.refusedGauge(); m != "0" {
 			t.Fatalf("round %d: edgerelay_store_writes_refused %q after recovery, want 0", round, m)
 		}
+		waitUntil("the ballast taken back", 5*time.Second, func() bool { return ballast() == diskReserve/2 })
 		r.storeWrites(round)
 	}
 
