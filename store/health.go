@@ -75,7 +75,8 @@ type health struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// Only the monitor goroutine touches these.
+	// Only the monitor goroutine touches these (and Open, before it runs).
+	running      bool // the monitor runs: the ballast may be written
 	lastFinished uint64
 	noProgress   time.Time
 	free         uint64
@@ -164,6 +165,11 @@ func (h *health) run() {
 	defer close(h.done)
 	t := time.NewTicker(healthTick)
 	defer t.Stop()
+	// Open measured already; writing the ballast (up to its size of
+	// zeros where the filesystem cannot allocate) waits for this
+	// goroutine, so that it does not delay the start.
+	h.running = true
+	h.check(time.Now())
 	for {
 		select {
 		case <-h.stop:
@@ -246,7 +252,7 @@ func (h *health) measure() (low bool) {
 				free = f
 			}
 		}
-	} else if !h.ballast.held() && h.ballast.size > 0 && free >= h.reserve+h.ballast.size {
+	} else if h.running && !h.ballast.held() && h.ballast.size > 0 && free >= h.reserve+h.ballast.size {
 		if err := h.ballast.take(); err != nil {
 			h.log.Warn("ballast not created", "path", h.ballast.path, "err", err)
 		} else if f, err := h.freeBytes(h.dir); err == nil {

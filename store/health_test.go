@@ -112,6 +112,7 @@ func TestPebbleFatalMarksStoreFailed(t *testing.T) {
 	if db.Unavailable() == nil {
 		t.Fatal("store reports itself writable after a fatal error")
 	}
+	db.health.stopMonitorForTest(t)
 	db.health.check(time.Now())
 	if db.Unavailable() == nil {
 		t.Fatal("a fatal error cleared itself")
@@ -170,17 +171,15 @@ func TestBallastReleasedWhenDiskFillsAndTakenBack(t *testing.T) {
 	const reserve = 1 << 20
 	disk := &fakeDisk{}
 	disk.free.Store(3 * reserve)
-	db, dir := openGuarded(t, reserve, disk) // Open's first check takes the ballast
+	db, dir := openGuarded(t, reserve, disk)
 	h := db.health
-	h.stopMonitorForTest(t)
 	path := filepath.Join(dir, ballastFile)
 	held := func() bool {
 		fi, err := os.Stat(path)
 		return err == nil && fi.Size() == reserve/2
 	}
-	if !held() {
-		t.Fatal("no ballast of half the reserve after Open")
-	}
+	waitFor(t, "the ballast", held) // the monitor's first check takes it
+	h.stopMonitorForTest(t)
 	disk.free.Store(reserve / 4) // below the reserve, at a quarter of it: kept
 	h.check(time.Now())
 	if db.Unavailable() == nil || !held() {
