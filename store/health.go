@@ -103,6 +103,11 @@ func (h *health) admit() error {
 	if e := h.refusal.Load(); e != nil {
 		return *e
 	}
+	// failed is read too: a check that began before Pebble failed may
+	// publish its older verdict after fail did.
+	if f := h.failed.Load(); f != nil {
+		return *f
+	}
 	if h.written.Load() > h.headroom.Load() {
 		// Our own writes spent what was free above the reserve since the
 		// last measure: refuse, and measure again now.
@@ -149,6 +154,9 @@ func (h *health) fail(msg string) {
 func (h *health) unavailable() error {
 	if e := h.refusal.Load(); e != nil {
 		return *e
+	}
+	if f := h.failed.Load(); f != nil {
+		return *f
 	}
 	return nil
 }
@@ -203,6 +211,9 @@ func (h *health) check(now time.Time) {
 		h.refusal.Store(nil)
 	} else {
 		h.refusal.Store(&reason)
+	}
+	if f := h.failed.Load(); f != nil {
+		h.refusal.Store(f) // fail ran during this check: it stands
 	}
 	if reason != h.shown {
 		if reason != nil {
