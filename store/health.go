@@ -216,10 +216,14 @@ func (h *health) check(now time.Time) {
 		h.refusal.Store(f) // fail ran during this check: it stands
 	}
 	if reason != h.shown {
+		var space []any // free space is measured only with a reserve
+		if h.reserve > 0 {
+			space = []any{"free", h.free, "reserve", h.reserve}
+		}
 		if reason != nil {
-			h.log.Warn("store refuses writes", "reason", reason.Error(), "free", h.free, "reserve", h.reserve)
+			h.log.Warn("store refuses writes", append([]any{"reason", reason.Error()}, space...)...)
 		} else {
-			h.log.Info("store takes writes again", "free", h.free, "reserve", h.reserve)
+			h.log.Info("store takes writes again", space...)
 		}
 		h.shown = reason
 	}
