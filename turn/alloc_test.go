@@ -68,9 +68,9 @@ func TestIndicationAllocs(t *testing.T) {
 	s, _ := testServer(t, nil)
 	peer := echoPeer(t)
 	c := rawClient(t, s, "udp", "indication-allocs")
-	allocate(t, c)
+	turntest.MustAllocate(t, c)
 	peerAddr := peer.Addr().AddrPort()
-	if code, _ := request(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
+	if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
 		t.Fatalf("CreatePermission: %d", code)
 	}
 	send := turntest.SendIndication(peerAddr, make([]byte, 1200))

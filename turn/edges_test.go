@@ -35,26 +35,6 @@ func rawClient(t *testing.T, s *Server, network, label string) *turntest.STUNCli
 	return c
 }
 
-// request sends an authenticated request and returns the answer's code (0
-// for a success) and the answer.
-func request(t *testing.T, c *turntest.STUNClient, method stun.Method, attrs ...stun.Setter) (int, *stun.Message) {
-	t.Helper()
-	res, err := c.Request(method, true, attrs...)
-	if err != nil {
-		t.Fatalf("%v: %v", method, err)
-	}
-	return turntest.ErrorCodeOf(res), res
-}
-
-func allocate(t *testing.T, c *turntest.STUNClient, attrs ...stun.Setter) *stun.Message {
-	t.Helper()
-	code, res := request(t, c, stun.MethodAllocate, append([]stun.Setter{turntest.TransportUDP}, attrs...)...)
-	if code != 0 {
-		t.Fatalf("Allocate: %d", code)
-	}
-	return res
-}
-
 var transports = []string{"udp", "tcp"}
 
 // TestNoAllocation437 sends every request but Allocate from a 5-tuple with
@@ -88,18 +68,18 @@ func TestNoAllocation437(t *testing.T) {
 				t.Errorf("%s %s without an allocation: %d, want 437", network, r.name, code)
 			}
 		}
-		allocate(t, c)
-		if code, _ := request(t, c, stun.MethodRefresh); code != 0 {
+		turntest.MustAllocate(t, c)
+		if code, _ := turntest.MustRequest(t, c, stun.MethodRefresh); code != 0 {
 			t.Errorf("%s Refresh of the allocation: %d", network, code)
 		}
-		if code, _ := request(t, c, stun.MethodCreatePermission, peer); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, peer); code != 0 {
 			t.Errorf("%s CreatePermission on the allocation: %d", network, code)
 		}
-		if code, res := request(t, c, stun.MethodRefresh, turntest.Lifetime(0)); code != 0 || turntest.LifetimeOf(res) != 0 {
+		if code, res := turntest.MustRequest(t, c, stun.MethodRefresh, turntest.Lifetime(0)); code != 0 || turntest.LifetimeOf(res) != 0 {
 			t.Errorf("%s Refresh LIFETIME 0: %d, lifetime %d", network, code, turntest.LifetimeOf(res))
 		}
 		waitFor(t, "the allocation to go", func() bool { return s.Allocations() == 0 })
-		if code, _ := request(t, c, stun.MethodRefresh); code != 437 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodRefresh); code != 437 {
 			t.Errorf("%s Refresh after the deletion: %d, want 437", network, code)
 		}
 	}
@@ -111,12 +91,12 @@ func TestWrongCredentials441(t *testing.T) {
 	s, _ := testServer(t, nil)
 	for _, network := range transports {
 		c := rawClient(t, s, network, "owner")
-		allocate(t, c)
+		turntest.MustAllocate(t, c)
 		other := c.As(creds("intruder"))
-		if code, _ := request(t, other, stun.MethodRefresh); code != 441 {
+		if code, _ := turntest.MustRequest(t, other, stun.MethodRefresh); code != 441 {
 			t.Errorf("%s Refresh under another username: %d, want 441", network, code)
 		}
-		if code, _ := request(t, c, stun.MethodRefresh); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodRefresh); code != 0 {
 			t.Errorf("%s Refresh by the owner: %d", network, code)
 		}
 	}
@@ -139,15 +119,15 @@ func TestAllocationLifetime(t *testing.T) {
 			if c.requested >= 0 {
 				attrs = append(attrs, turntest.Lifetime(uint32(c.requested)))
 			}
-			res := allocate(t, cl, attrs...)
+			res := turntest.MustAllocate(t, cl, attrs...)
 			if got := turntest.LifetimeOf(res); got != c.granted {
 				t.Errorf("%s Allocate LIFETIME %d: granted %d, want %d", network, c.requested, got, c.granted)
 			}
 		}
 		cl := rawClient(t, s, network, "refresh")
-		allocate(t, cl)
+		turntest.MustAllocate(t, cl)
 		for _, c := range []struct{ requested, granted int }{{1, 600}, {1200, 1200}, {7200, 3599}} {
-			code, res := request(t, cl, stun.MethodRefresh, turntest.Lifetime(uint32(c.requested)))
+			code, res := turntest.MustRequest(t, cl, stun.MethodRefresh, turntest.Lifetime(uint32(c.requested)))
 			if got := turntest.LifetimeOf(res); code != 0 || got != c.granted {
 				t.Errorf("%s Refresh LIFETIME %d: %d, granted %d, want %d", network, c.requested, code, got, c.granted)
 			}
@@ -162,7 +142,7 @@ func TestChannelBindRange(t *testing.T) {
 	s, _ := testServer(t, nil)
 	for _, network := range transports {
 		c := rawClient(t, s, network, "channels")
-		allocate(t, c)
+		turntest.MustAllocate(t, c)
 		port := uint16(9)
 		for _, ch := range []struct {
 			number uint16
@@ -170,11 +150,11 @@ func TestChannelBindRange(t *testing.T) {
 		}{{0x0000, 400}, {0x0001, 400}, {0x3FFF, 400}, {0x4000, 0}, {0x4001, 0}, {0x4FFF, 0}, {0x5000, 0}, {0x7FFF, 0}, {0x8000, 400}, {0xFFFF, 400}} {
 			port++
 			peer := turntest.PeerAddress(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
-			if code, _ := request(t, c, stun.MethodChannelBind, turntest.ChannelNumber(ch.number), peer); code != ch.code {
+			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(ch.number), peer); code != ch.code {
 				t.Errorf("%s ChannelBind %#04x: %d, want %d", network, ch.number, code, ch.code)
 			}
 		}
-		if code, _ := request(t, c, stun.MethodChannelBind, turntest.PeerAddress(netip.MustParseAddrPort("127.0.0.1:9"))); code != 400 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.PeerAddress(netip.MustParseAddrPort("127.0.0.1:9"))); code != 400 {
 			t.Errorf("%s ChannelBind without CHANNEL-NUMBER: %d, want 400", network, code)
 		}
 	}
@@ -215,48 +195,6 @@ func TestResign(t *testing.T) {
 	}
 }
 
-// bigPeer is a UDP socket on loopback acting as a peer.
-func bigPeer(t *testing.T) *net.UDPConn {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// readPeer waits for the next datagram at the peer.
-func readPeer(t *testing.T, p *net.UDPConn) []byte {
-	t.Helper()
-	buf := make([]byte, 64<<10)
-	_ = p.SetReadDeadline(time.Now().Add(2 * time.Second))
-	n, _, err := p.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("peer: %v", err)
-	}
-	return buf[:n]
-}
-
-// nextFromPeer waits for the next ChannelData payload or Data indication
-// data from the server.
-func nextFromPeer(t *testing.T, c *turntest.STUNClient) []byte {
-	t.Helper()
-	for {
-		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
-		if err != nil {
-			t.Fatalf("client: %v", err)
-		}
-		if frame[0]&0xC0 == 0x40 {
-			n := int(frame[2])<<8 | int(frame[3])
-			return frame[4 : 4+n]
-		}
-		if _, data, err := turntest.DataIndicationOf(frame); err == nil {
-			return data
-		}
-	}
-}
-
 // maxIPv4Datagram is the biggest UDP payload over IPv4, which the tests'
 // loopback sockets use.
 const maxIPv4Datagram = 65535 - 20 - 8
@@ -284,18 +222,18 @@ func TestBigDatagrams(t *testing.T) {
 			channelMax, indicationMax = maxIPv4Datagram, maxIPv4Datagram
 		}
 		c := rawClient(t, s, network, "big")
-		res := allocate(t, c)
+		res := turntest.MustAllocate(t, c)
 		relay, err := turntest.RelayedAddressOf(res)
 		if err != nil {
 			t.Fatal(err)
 		}
 		relayAddr := net.UDPAddrFromAddrPort(relay)
-		chPeer, indPeer := bigPeer(t), bigPeer(t)
+		chPeer, indPeer := turntest.LoopbackPeer(t), turntest.LoopbackPeer(t)
 		chAddr, indAddr := chPeer.LocalAddr().(*net.UDPAddr).AddrPort(), indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
-		if code, _ := request(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001), turntest.PeerAddress(chAddr)); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001), turntest.PeerAddress(chAddr)); code != 0 {
 			t.Fatalf("ChannelBind: %d", code)
 		}
-		if code, _ := request(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
 			t.Fatalf("CreatePermission: %d", code)
 		}
 
@@ -310,14 +248,14 @@ func TestBigDatagrams(t *testing.T) {
 				if _, err := leg.peer.WriteToUDP(want, relayAddr); err != nil {
 					t.Fatal(err)
 				}
-				if got := nextFromPeer(t, c); !bytes.Equal(got, want) {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, want) {
 					t.Fatalf("%s %s of %d bytes to the client: got %d bytes", network, leg.name, n, len(got))
 				}
 			}
 			if leg.max < maxIPv4Datagram {
 				_, _ = leg.peer.WriteToUDP(payload(leg.max+1, 1), relayAddr)
 				_, _ = leg.peer.WriteToUDP(marker, relayAddr)
-				if got := nextFromPeer(t, c); !bytes.Equal(got, marker) {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, marker) {
 					t.Errorf("%s %s of %d bytes reached the client (%d bytes), past what the leg carries", network, leg.name, leg.max+1, len(got))
 				}
 			}
@@ -330,7 +268,7 @@ func TestBigDatagrams(t *testing.T) {
 			if err := c.Send(c.ChannelData(0x4001, want)); err != nil {
 				t.Fatal(err)
 			}
-			if got := readPeer(t, chPeer); !bytes.Equal(got, want) {
+			if got := turntest.ReadPeer(t, chPeer); !bytes.Equal(got, want) {
 				t.Fatalf("%s ChannelData of %d bytes to the peer: got %d", network, n, len(got))
 			}
 		}
@@ -343,7 +281,7 @@ func TestBigDatagrams(t *testing.T) {
 			if err := c.Send(turntest.SendIndication(indAddr, want)); err != nil {
 				t.Fatal(err)
 			}
-			if got := readPeer(t, indPeer); !bytes.Equal(got, want) {
+			if got := turntest.ReadPeer(t, indPeer); !bytes.Equal(got, want) {
 				t.Fatalf("%s Send indication of %d bytes to the peer: got %d", network, n, len(got))
 			}
 		}
@@ -351,7 +289,7 @@ func TestBigDatagrams(t *testing.T) {
 			// 65,508 bytes fit a stream frame but no IPv4 datagram.
 			_ = c.Send(c.ChannelData(0x4001, payload(maxIPv4Datagram+1, 1)))
 			_ = c.Send(c.ChannelData(0x4001, marker))
-			if got := readPeer(t, chPeer); !bytes.Equal(got, marker) {
+			if got := turntest.ReadPeer(t, chPeer); !bytes.Equal(got, marker) {
 				t.Errorf("tcp ChannelData of %d bytes reached the peer (%d bytes)", maxIPv4Datagram+1, len(got))
 			}
 		}
@@ -380,18 +318,18 @@ func TestRelayIPv6(t *testing.T) {
 	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	for _, network := range transports {
 		c := rawClient(t, s, network, "ipv6")
-		relay, err := turntest.RelayedAddressOf(allocate(t, c))
+		relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if code, _ := request(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(peerAddr)); code != 0 {
 			t.Fatalf("%s CreatePermission to %v: %d", network, peerAddr, code)
 		}
 		want := payload(3001, 6)
 		if err := c.Send(turntest.SendIndication(peerAddr, want)); err != nil {
 			t.Fatal(err)
 		}
-		if got := readPeer(t, peer); !bytes.Equal(got, want) {
+		if got := turntest.ReadPeer(t, peer); !bytes.Equal(got, want) {
 			t.Fatalf("%s Send indication to an IPv6 peer: %d bytes", network, len(got))
 		}
 		if _, err := peer.WriteToUDPAddrPort(want, relay); err != nil {

@@ -23,16 +23,6 @@ import (
 // argument, so `keys agent pair-key ACCOUNT --ttl 1m`, the README's own
 // form, exited 2.
 
-// cliOK runs the binary and fails the test unless it exits 0.
-func cliOK(t *testing.T, env []string, args ...string) string {
-	t.Helper()
-	out, errOut, code := edgerelay(t, env, args...)
-	if code != 0 {
-		t.Fatalf("edgerelay %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
-	}
-	return out
-}
-
 // cliUsageError runs the binary and fails the test unless it exits 2 with
 // "edgerelay <command>: <want>" on stderr.
 func cliUsageError(t *testing.T, env []string, command, want string, args ...string) {

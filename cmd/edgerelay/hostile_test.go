@@ -601,22 +601,10 @@ func TestHostileFrozenReaders(t *testing.T) {
 	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_APPS=chat:signal"}
 	keys := make([]string, soakScale(t))
 	for i := range keys {
-		out, errOut, code := edgerelay(t, env, "keys", "channel", "add", "--host", "frozen-"+strconv.Itoa(i))
-		if code != 0 {
-			t.Fatalf("keys channel add: %s", errOut)
-		}
-		keys[i] = lastLine(out)
+		keys[i] = lastLine(cliOK(t, env, "keys", "channel", "add", "--host", "frozen-"+strconv.Itoa(i)))
 	}
-	out, errOut, code := edgerelay(t, env, "keys", "agent", "account", "add", "acme")
-	if code != 0 {
-		t.Fatalf("agent account: %s", errOut)
-	}
-	clientToken := lastLine(out)
-	out, errOut, code = edgerelay(t, env, "keys", "agent", "pair-key", "acme")
-	if code != 0 {
-		t.Fatalf("agent pair-key: %s", errOut)
-	}
-	pairKey := lastLine(out)
+	clientToken := lastLine(cliOK(t, env, "keys", "agent", "account", "add", "acme"))
+	pairKey := lastLine(cliOK(t, env, "keys", "agent", "pair-key", "acme"))
 	r := startHostileRelay(t, env...)
 
 	for round := range soakScale(t) {

@@ -93,13 +93,7 @@ func TestHostilePipelinedUpgradeThenResetReleasesEverySlot(t *testing.T) {
 	dir := t.TempDir()
 	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_APPS=chat:signal"}
 	rounds := soakScale(t)
-	mint := func(args ...string) string {
-		out, errOut, code := edgerelay(t, env, args...)
-		if code != 0 {
-			t.Fatalf("%v: %s", args, errOut)
-		}
-		return lastLine(out)
-	}
+	mint := func(args ...string) string { return lastLine(cliOK(t, env, args...)) }
 	var channelKeys, pairKeys []string
 	for i := range 2 * rounds {
 		channelKeys = append(channelKeys, mint("keys", "channel", "add", "--host", "pipelined-"+strconv.Itoa(i)))
@@ -258,26 +252,10 @@ func pipelinedLink(t *testing.T, r *hostileRelay, pairKey, clientToken string) {
 func TestHostileUpgradeRefusesOtherVersionsAndHTTP10(t *testing.T) {
 	dir := t.TempDir()
 	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_APPS=chat:signal"}
-	out, errOut, code := edgerelay(t, env, "keys", "channel", "add", "--host", "versions")
-	if code != 0 {
-		t.Fatalf("keys channel add: %s", errOut)
-	}
-	claimKey := lastLine(out)
-	out, errOut, code = edgerelay(t, env, "keys", "channel", "add", "--host", "versions-2")
-	if code != 0 {
-		t.Fatalf("keys channel add: %s", errOut)
-	}
-	claimKey2 := lastLine(out)
-	out, errOut, code = edgerelay(t, env, "keys", "agent", "account", "add", "acme")
-	if code != 0 {
-		t.Fatalf("agent account: %s", errOut)
-	}
-	clientToken := lastLine(out)
-	out, errOut, code = edgerelay(t, env, "keys", "agent", "pair-key", "acme")
-	if code != 0 {
-		t.Fatalf("agent pair-key: %s", errOut)
-	}
-	pairKey := lastLine(out)
+	claimKey := lastLine(cliOK(t, env, "keys", "channel", "add", "--host", "versions"))
+	claimKey2 := lastLine(cliOK(t, env, "keys", "channel", "add", "--host", "versions-2"))
+	clientToken := lastLine(cliOK(t, env, "keys", "agent", "account", "add", "acme"))
+	pairKey := lastLine(cliOK(t, env, "keys", "agent", "pair-key", "acme"))
 	r := startHostileRelay(t, env...)
 
 	id, token := hostileMailbox(t, r)

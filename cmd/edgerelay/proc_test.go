@@ -243,6 +243,16 @@ func edgerelay(t *testing.T, env []string, args ...string) (stdout, stderr strin
 	return o.String(), e.String(), code
 }
 
+// cliOK runs the binary and fails the test unless it exits 0.
+func cliOK(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	out, errOut, code := edgerelay(t, env, args...)
+	if code != 0 {
+		t.Fatalf("edgerelay %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return lines[len(lines)-1]

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -20,27 +18,12 @@ func TestPushGatewayThroughTheBinary(t *testing.T) {
 	fake.RequireTopic("org.example.app")
 	dir := t.TempDir()
 	env := []string{"RELAY_DATA_DIR=" + dir}
-	out, errOut, code := edgerelay(t, env, "keys", "push", "create", "--label", "homeserver")
-	if code != 0 {
-		t.Fatalf("offline create: %d %s", code, errOut)
-	}
-	key := lastLine(out)
+	key := lastLine(cliOK(t, env, "keys", "push", "create", "--label", "homeserver"))
 	s := startServer(t, append(env,
 		"RELAY_APNS_KEY_FILE="+pushtest.WriteFile(t, "AuthKey.p8", p8),
 		"RELAY_APNS_KEY_ID=KEY1234567", "RELAY_APNS_TEAM_ID=TEAM123456", "RELAY_APNS_TOPIC=org.example.app",
 		"RELAY_APNS_URL="+fake.URL(), "SSL_CERT_FILE="+pushtest.WriteFile(t, "ca.pem", fake.CertPEM()))...)
-	send := func(k, body string) (int, string) {
-		req, _ := http.NewRequest("POST", s.origin("push-apns")+"/send", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+k)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	send := func(k, body string) (int, string) { return gwPost(t, s, "push-apns", "/send", k, body) }
 	device := strings.Repeat("ab", 32)
 	if st, body := send(key, `{"token":"`+device+`","title":"Hi","body":"there"}`); st != 200 {
 		t.Fatalf("send: %d %s", st, body)
@@ -53,7 +36,7 @@ func TestPushGatewayThroughTheBinary(t *testing.T) {
 		t.Fatalf("wrong key: %d %s", st, body)
 	}
 	adminEnv := append(env, "RELAY_ADMIN_LISTEN="+s.addrs["admin"])
-	out, errOut, code = edgerelay(t, adminEnv, "keys", "push", "create", "--label", "second")
+	out, errOut, code := edgerelay(t, adminEnv, "keys", "push", "create", "--label", "second")
 	if code != 0 || len(lastLine(out)) < 16 {
 		t.Fatalf("online create: %d %s %s", code, out, errOut)
 	}

@@ -25,10 +25,7 @@ func gatewayWithProviders(t *testing.T) (*relayProc, *pushtest.FakeAPNs, *pushte
 	google, creds, _ := pushtest.NewGoogleWithAccount(t)
 	dir := t.TempDir()
 	env := []string{"RELAY_DATA_DIR=" + dir}
-	out, errOut, code := edgerelay(t, env, "keys", "push", "create", "--label", "homeserver")
-	if code != 0 {
-		t.Fatalf("offline create: %d %s", code, errOut)
-	}
+	key := lastLine(cliOK(t, env, "keys", "push", "create", "--label", "homeserver"))
 	cas := append(append([]byte{}, apnsFake.CertPEM()...), google.CertPEM()...)
 	s := startServer(t, append(env,
 		"RELAY_PUSH_REGISTRATION=true",
@@ -37,7 +34,7 @@ func gatewayWithProviders(t *testing.T) (*relayProc, *pushtest.FakeAPNs, *pushte
 		"RELAY_APNS_URL="+apnsFake.URL(),
 		"RELAY_FCM_CREDENTIALS="+pushtest.WriteFile(t, "service-account.json", creds), "RELAY_FCM_URL="+google.URL(),
 		"SSL_CERT_FILE="+pushtest.WriteFile(t, "ca.pem", cas))...)
-	return s, apnsFake, google, lastLine(out)
+	return s, apnsFake, google, key
 }
 
 // gwPost posts body to a gateway mount with key ("" sends none).

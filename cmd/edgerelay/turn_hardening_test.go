@@ -37,24 +37,6 @@ func hardenedClient(t *testing.T, network, addr, label string) *turntest.STUNCli
 	return c
 }
 
-func hardenedRequest(t *testing.T, c *turntest.STUNClient, method stun.Method, attrs ...stun.Setter) (int, *stun.Message) {
-	t.Helper()
-	res, err := c.Request(method, true, attrs...)
-	if err != nil {
-		t.Fatalf("%v: %v", method, err)
-	}
-	return turntest.ErrorCodeOf(res), res
-}
-
-func hardenedAllocate(t *testing.T, c *turntest.STUNClient, attrs ...stun.Setter) *stun.Message {
-	t.Helper()
-	code, res := hardenedRequest(t, c, stun.MethodAllocate, append([]stun.Setter{turntest.TransportUDP}, attrs...)...)
-	if code != 0 {
-		t.Fatalf("Allocate: %d", code)
-	}
-	return res
-}
-
 // TestTURNDeniesPeersNotGloballyReachable: CreatePermission and ChannelBind
 // to any address IANA's special-purpose registries mark not globally
 // reachable, in any IPv6 form that leads to one, answer 403;
@@ -63,7 +45,7 @@ func hardenedAllocate(t *testing.T, c *turntest.STUNClient, attrs ...stun.Setter
 func TestTURNDeniesPeersNotGloballyReachable(t *testing.T) {
 	addr := startHardenedTURN(t, "RELAY_TURN_ALLOW_PEERS=127.0.0.0/8,100.64.0.0/16")
 	c := hardenedClient(t, "udp", addr, "peers")
-	hardenedAllocate(t, c)
+	turntest.MustAllocate(t, c)
 	denied := []string{
 		"100.100.100.200", "100.65.0.1", "100.127.255.255", "192.0.0.1", "192.0.0.9", "192.0.0.10", "192.0.2.1",
 		"192.88.99.1", "198.18.0.1", "198.19.255.255", "198.51.100.1", "203.0.113.1", "240.0.0.1",
@@ -74,17 +56,17 @@ func TestTURNDeniesPeersNotGloballyReachable(t *testing.T) {
 	}
 	for _, a := range denied {
 		peer := turntest.PeerAddress(netip.AddrPortFrom(netip.MustParseAddr(a), 9))
-		if code, _ := hardenedRequest(t, c, stun.MethodCreatePermission, peer); code != 403 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, peer); code != 403 {
 			t.Errorf("CreatePermission to %s: %d, want 403", a, code)
 		}
 	}
-	if code, _ := hardenedRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4000),
+	if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4000),
 		turntest.PeerAddress(netip.MustParseAddrPort("100.100.100.200:80"))); code != 403 {
 		t.Errorf("ChannelBind to 100.100.100.200: %d, want 403", code)
 	}
 	for _, a := range []string{"100.64.0.1", "100.64.255.255", "::ffff:100.64.0.1", "64:ff9b::6440:1", "8.8.8.8", "2606:4700::1111"} {
 		peer := turntest.PeerAddress(netip.AddrPortFrom(netip.MustParseAddr(a), 9))
-		if code, _ := hardenedRequest(t, c, stun.MethodCreatePermission, peer); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, peer); code != 0 {
 			t.Errorf("CreatePermission to %s: %d, want a success", a, code)
 		}
 	}
@@ -107,12 +89,12 @@ func TestTURNProtocolEdges(t *testing.T) {
 			{stun.MethodCreatePermission, []stun.Setter{peer}},
 			{stun.MethodChannelBind, []stun.Setter{turntest.ChannelNumber(0x4000), peer}},
 		} {
-			if code, _ := hardenedRequest(t, c, r.method, r.attrs...); code != 437 {
+			if code, _ := turntest.MustRequest(t, c, r.method, r.attrs...); code != 437 {
 				t.Errorf("%s %v without an allocation: %d, want 437", network, r.method, code)
 			}
 		}
 		// LIFETIME 0 on an Allocate: the default lifetime (pion: 508).
-		res := hardenedAllocate(t, c, turntest.Lifetime(0))
+		res := turntest.MustAllocate(t, c, turntest.Lifetime(0))
 		if got := turntest.LifetimeOf(res); got != 600 {
 			t.Errorf("%s Allocate LIFETIME 0: lifetime %d, want 600", network, got)
 		}
@@ -125,7 +107,7 @@ func TestTURNProtocolEdges(t *testing.T) {
 		}{{0x0001, 400}, {0x3FFF, 400}, {0x4000, 0}, {0x7FFF, 0}, {0x8000, 400}, {0xFFFF, 400}} {
 			port++
 			p := turntest.PeerAddress(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
-			if code, _ := hardenedRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(ch.number), p); code != ch.code {
+			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(ch.number), p); code != ch.code {
 				t.Errorf("%s ChannelBind %#04x: %d, want %d", network, ch.number, code, ch.code)
 			}
 		}
@@ -147,18 +129,18 @@ func TestTURNRelaysDatagramsUpToTheLegsMaximum(t *testing.T) {
 			channelMax, indicationMax = maxIPv4, maxIPv4
 		}
 		c := hardenedClient(t, network, addr, "big")
-		relay, err := turntest.RelayedAddressOf(hardenedAllocate(t, c))
+		relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
 		if err != nil {
 			t.Fatal(err)
 		}
 		relayAddr := net.UDPAddrFromAddrPort(relay)
-		chPeer, indPeer := hardenedPeer(t), hardenedPeer(t)
-		if code, _ := hardenedRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
+		chPeer, indPeer := turntest.LoopbackPeer(t), turntest.LoopbackPeer(t)
+		if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
 			turntest.PeerAddress(chPeer.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
 			t.Fatalf("ChannelBind: %d", code)
 		}
 		indAddr := indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
-		if code, _ := hardenedRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
+		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
 			t.Fatalf("CreatePermission: %d", code)
 		}
 		for _, leg := range []struct {
@@ -171,14 +153,14 @@ func TestTURNRelaysDatagramsUpToTheLegsMaximum(t *testing.T) {
 				if _, err := leg.peer.WriteToUDP(want, relayAddr); err != nil {
 					t.Fatal(err)
 				}
-				if got := hardenedFromPeer(t, c); !bytes.Equal(got, want) {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, want) {
 					t.Fatalf("%s %s of %d bytes to the client: got %d bytes", network, leg.name, n, len(got))
 				}
 			}
 			if leg.max < maxIPv4 {
 				_, _ = leg.peer.WriteToUDP(make([]byte, leg.max+1), relayAddr)
 				_, _ = leg.peer.WriteToUDP(marker, relayAddr)
-				if got := hardenedFromPeer(t, c); !bytes.Equal(got, marker) {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, marker) {
 					t.Errorf("%s %s of %d bytes reached the client (%d bytes)", network, leg.name, leg.max+1, len(got))
 				}
 			}
@@ -188,7 +170,7 @@ func TestTURNRelaysDatagramsUpToTheLegsMaximum(t *testing.T) {
 			if err := c.Send(c.ChannelData(0x4001, want)); err != nil {
 				t.Fatal(err)
 			}
-			if got := hardenedReadPeer(t, chPeer); !bytes.Equal(got, want) {
+			if got := turntest.ReadPeer(t, chPeer); !bytes.Equal(got, want) {
 				t.Fatalf("%s ChannelData of %d bytes to the peer: got %d", network, n, len(got))
 			}
 		}
@@ -197,48 +179,9 @@ func TestTURNRelaysDatagramsUpToTheLegsMaximum(t *testing.T) {
 			if err := c.Send(turntest.SendIndication(indAddr, want)); err != nil {
 				t.Fatal(err)
 			}
-			if got := hardenedReadPeer(t, indPeer); !bytes.Equal(got, want) {
+			if got := turntest.ReadPeer(t, indPeer); !bytes.Equal(got, want) {
 				t.Fatalf("%s Send indication of %d bytes to the peer: got %d", network, n, len(got))
 			}
-		}
-	}
-}
-
-func hardenedPeer(t *testing.T) *net.UDPConn {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func hardenedReadPeer(t *testing.T, p *net.UDPConn) []byte {
-	t.Helper()
-	buf := make([]byte, 64<<10)
-	_ = p.SetReadDeadline(time.Now().Add(2 * time.Second))
-	n, _, err := p.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("peer: %v", err)
-	}
-	return buf[:n]
-}
-
-// hardenedFromPeer waits for the next ChannelData payload or Data indication
-// data at the client.
-func hardenedFromPeer(t *testing.T, c *turntest.STUNClient) []byte {
-	t.Helper()
-	for {
-		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
-		if err != nil {
-			t.Fatalf("client: %v", err)
-		}
-		if frame[0]&0xC0 == 0x40 {
-			return frame[4 : 4+(int(frame[2])<<8|int(frame[3]))]
-		}
-		if _, data, err := turntest.DataIndicationOf(frame); err == nil {
-			return data
 		}
 	}
 }

@@ -78,21 +78,7 @@ func TestServerClose(t *testing.T) {
 // delivers what was queued before it: only a real overflow drops the
 // backlog.
 func TestCloseWithTheOverflowCodeKeepsTheBacklog(t *testing.T) {
-	ts := startServer(t, ws.Options{MaxQueue: 64 << 20, CloseTimeout: waitTimeout}, nil)
-	client := dialGorilla(t, ts.addr, smallRcvbuf)
-	c := ts.accept(t)
-
-	// The client reads nothing yet, so the writer stays in this write and
-	// the next three messages wait in the queue when Close comes.
-	big := make([]byte, bigWrite)
-	if err := c.WriteBinary(big); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range []string{"a", "b", "c"} {
-		if err := c.WriteText([]byte(m)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, c := backlogBehindBigWrite(t, ws.Options{MaxQueue: 64 << 20, CloseTimeout: waitTimeout})
 	c.Close(ws.ClosePolicyViolation, "malformed control frame")
 
 	if typ, p, err := client.ReadMessage(); err != nil || typ != websocket.BinaryMessage || len(p) != bigWrite {

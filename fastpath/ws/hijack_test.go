@@ -36,6 +36,18 @@ type abandonServer struct {
 	closedInServe atomic.Int32
 }
 
+// eachAbandonServer runs f as a subtest on a server whose upgrades stay
+// attached to fasthttp, then on one whose upgrades are detached.
+func eachAbandonServer(t *testing.T, f func(t *testing.T, as *abandonServer)) {
+	for _, detach := range []bool{false, true} {
+		name := "attached"
+		if detach {
+			name = "detached"
+		}
+		t.Run(name, func(t *testing.T) { f(t, startAbandonServer(t, detach)) })
+	}
+}
+
 func startAbandonServer(t *testing.T, detach bool) *abandonServer {
 	t.Helper()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
@@ -100,28 +112,21 @@ func (as *abandonServer) hostile(t *testing.T, request string) {
 
 func TestUpgradeAbandonsWhenTheConnectionIsNeverHandedOver(t *testing.T) {
 	const clients = 10
-	for _, detach := range []bool{false, true} {
-		name := "attached"
-		if detach {
-			name = "detached"
+	eachAbandonServer(t, func(t *testing.T, as *abandonServer) {
+		for range clients {
+			// Both requests arrive in one segment: fasthttp keeps the
+			// answer to the first for the pipeline, and its flush,
+			// just before the hijack, fails on the reset.
+			as.hostile(t, "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"+upgradeRequest(as.addr))
 		}
-		t.Run(name, func(t *testing.T) {
-			as := startAbandonServer(t, detach)
-			for range clients {
-				// Both requests arrive in one segment: fasthttp keeps the
-				// answer to the first for the pipeline, and its flush,
-				// just before the hijack, fails on the reset.
-				as.hostile(t, "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"+upgradeRequest(as.addr))
-			}
-			waitFor(t, "abandon to run for every upgrade", func() bool { return as.abandons.Load() >= clients })
-			if got := as.abandons.Load(); got != clients {
-				t.Errorf("abandon ran %d times for %d upgrades", got, clients)
-			}
-			if got := as.serves.Load(); got != 0 {
-				t.Errorf("serve ran %d times for upgrades that fasthttp never handed over", got)
-			}
-		})
-	}
+		waitFor(t, "abandon to run for every upgrade", func() bool { return as.abandons.Load() >= clients })
+		if got := as.abandons.Load(); got != clients {
+			t.Errorf("abandon ran %d times for %d upgrades", got, clients)
+		}
+		if got := as.serves.Load(); got != 0 {
+			t.Errorf("serve ran %d times for upgrades that fasthttp never handed over", got)
+		}
+	})
 }
 
 // An upgrade that fasthttp does hand over is served, even when its 101
@@ -129,29 +134,22 @@ func TestUpgradeAbandonsWhenTheConnectionIsNeverHandedOver(t *testing.T) {
 // connection after serve.
 func TestUpgradeServedIsNeverAbandoned(t *testing.T) {
 	const clients = 10
-	for _, detach := range []bool{false, true} {
-		name := "attached"
-		if detach {
-			name = "detached"
+	eachAbandonServer(t, func(t *testing.T, as *abandonServer) {
+		for range clients {
+			as.hostile(t, upgradeRequest(as.addr))
 		}
-		t.Run(name, func(t *testing.T) {
-			as := startAbandonServer(t, detach)
-			for range clients {
-				as.hostile(t, upgradeRequest(as.addr))
-			}
-			waitFor(t, "serve to run for every upgrade", func() bool { return as.serves.Load() >= clients })
-			// The connections are closed once serve returns: wait for
-			// that to be over before looking for a late abandon.
-			waitFor(t, "every connection to close", func() bool { return as.ln.Open() == 0 })
-			if got := as.serves.Load(); got != clients {
-				t.Errorf("serve ran %d times for %d upgrades", got, clients)
-			}
-			if got := as.abandons.Load(); got != 0 {
-				t.Errorf("abandon ran %d times for upgrades that were served", got)
-			}
-			if got := as.closedInServe.Load(); got != 0 {
-				t.Errorf("%d serves ran after their abandon", got)
-			}
-		})
-	}
+		waitFor(t, "serve to run for every upgrade", func() bool { return as.serves.Load() >= clients })
+		// The connections are closed once serve returns: wait for
+		// that to be over before looking for a late abandon.
+		waitFor(t, "every connection to close", func() bool { return as.ln.Open() == 0 })
+		if got := as.serves.Load(); got != clients {
+			t.Errorf("serve ran %d times for %d upgrades", got, clients)
+		}
+		if got := as.abandons.Load(); got != 0 {
+			t.Errorf("abandon ran %d times for upgrades that were served", got)
+		}
+		if got := as.closedInServe.Load(); got != 0 {
+			t.Errorf("%d serves ran after their abandon", got)
+		}
+	})
 }

@@ -9,19 +9,16 @@ import (
 	"edgerelay/fastpath/ws"
 )
 
-// CloseOverflow drops the backlog as an overflow does: the client gets the
-// write in progress, then the overflow code, and none of what waited
-// behind it (an ordinary Close would deliver all of it first).
-func TestCloseOverflowDropsTheBacklog(t *testing.T) {
-	ts := startServer(t, ws.Options{MaxQueue: 64 << 20, OverflowCode: ws.CloseTryAgainLater, CloseTimeout: waitTimeout}, nil)
+// backlogBehindBigWrite returns a client that reads nothing yet and its
+// Conn, on which a message of bigWrite bytes is written and then "a", "b"
+// and "c" are: the writer stays in the big write (if it has taken it yet)
+// and the three small ones wait in the queue.
+func backlogBehindBigWrite(t *testing.T, opts ws.Options) (*websocket.Conn, *ws.Conn) {
+	t.Helper()
+	ts := startServer(t, opts, nil)
 	client := dialGorilla(t, ts.addr, smallRcvbuf)
 	c := ts.accept(t)
-
-	// The client reads nothing yet, so the writer stays in this write (if
-	// it has taken it yet) and the next three messages wait in the queue
-	// when CloseOverflow comes.
-	big := make([]byte, bigWrite)
-	if err := c.WriteBinary(big); err != nil {
+	if err := c.WriteBinary(make([]byte, bigWrite)); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []string{"a", "b", "c"} {
@@ -29,6 +26,14 @@ func TestCloseOverflowDropsTheBacklog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return client, c
+}
+
+// CloseOverflow drops the backlog as an overflow does: the client gets the
+// write in progress, then the overflow code, and none of what waited
+// behind it (an ordinary Close would deliver all of it first).
+func TestCloseOverflowDropsTheBacklog(t *testing.T) {
+	client, c := backlogBehindBigWrite(t, ws.Options{MaxQueue: 64 << 20, OverflowCode: ws.CloseTryAgainLater, CloseTimeout: waitTimeout})
 	c.CloseOverflow()
 	c.CloseOverflow() // idempotent
 	if got := c.CloseCode(); got != ws.CloseTryAgainLater {

@@ -1,0 +1,77 @@
+package turntest
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v3"
+)
+
+// The helpers below fail the test at once: the TURN package's tests and
+// the binary's black-box tests drive a server the same way.
+
+// MustRequest sends an authenticated request and returns the answer's code
+// (0 for a success) and the answer.
+func MustRequest(t testing.TB, c *STUNClient, method stun.Method, attrs ...stun.Setter) (int, *stun.Message) {
+	t.Helper()
+	res, err := c.Request(method, true, attrs...)
+	if err != nil {
+		t.Fatalf("%v: %v", method, err)
+	}
+	return ErrorCodeOf(res), res
+}
+
+// MustAllocate allocates a UDP relay with attrs and returns the success.
+func MustAllocate(t testing.TB, c *STUNClient, attrs ...stun.Setter) *stun.Message {
+	t.Helper()
+	code, res := MustRequest(t, c, stun.MethodAllocate, append([]stun.Setter{TransportUDP}, attrs...)...)
+	if code != 0 {
+		t.Fatalf("Allocate: %d", code)
+	}
+	return res
+}
+
+// LoopbackPeer is a UDP socket on 127.0.0.1 acting as a peer, closed when
+// the test ends.
+func LoopbackPeer(t testing.TB) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// ReadPeer waits up to 2 s for the next datagram at the peer.
+func ReadPeer(t testing.TB, p *net.UDPConn) []byte {
+	t.Helper()
+	buf := make([]byte, 64<<10)
+	_ = p.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, _, err := p.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("peer: %v", err)
+	}
+	return buf[:n]
+}
+
+// NextFromPeer waits up to 2 s a frame for the next ChannelData payload or
+// Data indication data at the client, passing over any other frame.
+func NextFromPeer(t testing.TB, c *STUNClient) []byte {
+	t.Helper()
+	for {
+		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
+		if err != nil {
+			t.Fatalf("client: %v", err)
+		}
+		if frame[0]&0xC0 == 0x40 {
+			n := int(frame[2])<<8 | int(frame[3])
+			return frame[4 : 4+n]
+		}
+		if _, data, err := DataIndicationOf(frame); err == nil {
+			return data
+		}
+	}
+}
