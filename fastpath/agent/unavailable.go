@@ -1,21 +1,19 @@
 package agent
 
 import (
-	"errors"
-
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/store"
+	"edgerelay/fastpath/httpx"
 )
 
 // storeFailed answers a store call that failed: 503 "storage unavailable"
 // with Retry-After when the store refuses writes (disk nearly full,
 // stalled or failed; nothing was changed, the request may be repeated),
-// else 500. msg is the log line's message.
+// else 500, in the agent relay's error shape. msg is the log line's
+// message.
 func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, msg string, err error) {
-	if errors.Is(err, store.ErrUnavailable) {
+	if httpx.StoreUnavailable(ctx, err) {
 		h.log.Warn(msg+": store unavailable", "err", err)
-		ctx.Response.Header.Set("Retry-After", store.RetryAfter)
 		answerError(ctx, fasthttp.StatusServiceUnavailable, "storage unavailable")
 		return
 	}

@@ -1,12 +1,9 @@
 package channel
 
 import (
-	"errors"
-
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/httpx"
-	"edgerelay/store"
 )
 
 // storeFailed answers a store call that failed: 503 "storage unavailable"
@@ -14,12 +11,9 @@ import (
 // stalled or failed; nothing was changed, the request may be repeated),
 // else 500. msg is the log line's message.
 func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, msg string, err error) {
-	if errors.Is(err, store.ErrUnavailable) {
+	if httpx.StoreError(ctx, err) {
 		h.log.Warn(msg+": store unavailable", "err", err)
-		ctx.Response.Header.Set("Retry-After", store.RetryAfter)
-		httpx.Error(ctx, fasthttp.StatusServiceUnavailable, "storage unavailable")
 		return
 	}
 	h.log.Error(msg, "err", err)
-	httpx.Error(ctx, fasthttp.StatusInternalServerError, "internal error")
 }

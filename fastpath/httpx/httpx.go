@@ -6,8 +6,11 @@ package httpx
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 
 	"github.com/valyala/fasthttp"
+
+	"edgerelay/store"
 )
 
 // JSON answers status with a pre-encoded JSON body and Cache-Control: no-store.
@@ -28,6 +31,30 @@ func Error(ctx *fasthttp.RequestCtx, status int, msg string) {
 	_, _ = b.Write([]byte(`{"error":"`))
 	_, _ = b.Write([]byte(msg))
 	_, _ = b.Write([]byte(`"}`))
+}
+
+// StoreUnavailable reports whether err is the store refusing writes (disk
+// nearly full, stalled or failed: nothing was changed, the request may be
+// repeated) and then sets Retry-After on the answer; the caller writes its
+// protocol's 503 body.
+func StoreUnavailable(ctx *fasthttp.RequestCtx, err error) bool {
+	if !errors.Is(err, store.ErrUnavailable) {
+		return false
+	}
+	ctx.Response.Header.Set("Retry-After", store.RetryAfter)
+	return true
+}
+
+// StoreError answers a store call that failed in the {"error":"<msg>"}
+// shape: 503 "storage unavailable" with Retry-After when the store refuses
+// writes (and reports true), else 500 "internal error".
+func StoreError(ctx *fasthttp.RequestCtx, err error) (unavailable bool) {
+	if StoreUnavailable(ctx, err) {
+		Error(ctx, fasthttp.StatusServiceUnavailable, "storage unavailable")
+		return true
+	}
+	Error(ctx, fasthttp.StatusInternalServerError, "internal error")
+	return false
 }
 
 var bearerPrefix = []byte("bearer ")

@@ -1,11 +1,9 @@
 package mailbox
 
 import (
-	"errors"
-
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/store"
+	"edgerelay/fastpath/httpx"
 )
 
 // errStorageUnavailable answers a request whose write the store refused
@@ -18,11 +16,10 @@ var errStorageUnavailable = newProblem(503, "storage_unavailable")
 // constant message, which the server's log limiter bounds however many
 // requests are refused.
 func (h *Handler) unavailable(ctx *fasthttp.RequestCtx, err error) bool {
-	if !errors.Is(err, store.ErrUnavailable) {
+	if !httpx.StoreUnavailable(ctx, err) {
 		return false
 	}
 	h.log.Warn("mailbox write refused: store unavailable", "err", err)
-	ctx.Response.Header.Set("Retry-After", store.RetryAfter)
 	errStorageUnavailable.answer(ctx)
 	return true
 }

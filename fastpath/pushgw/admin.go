@@ -102,7 +102,7 @@ func (a *Admin) ServeHTTP(ctx *fasthttp.RequestCtx) {
 			case errors.Is(err, ErrBadExpiry):
 				httpx.Error(ctx, fasthttp.StatusBadRequest, "the expiry must be in the future")
 			case err != nil:
-				adminFailed(ctx, err)
+				httpx.StoreError(ctx, err) // 503 with Retry-After when the store refuses writes, else 500
 			default:
 				out, _ := json.Marshal(nk)
 				httpx.JSON(ctx, fasthttp.StatusCreated, out)
@@ -132,7 +132,7 @@ func (a *Admin) ServeHTTP(ctx *fasthttp.RequestCtx) {
 			continue
 		}
 		if err := op(keys, id); err != nil {
-			adminFailed(ctx, err)
+			httpx.StoreError(ctx, err) // 503 with Retry-After when the store refuses writes, else 500
 			return
 		}
 		httpx.JSON(ctx, fasthttp.StatusOK, []byte(done))

@@ -46,14 +46,24 @@ func escapedLen(c byte) int {
 // clipJSON returns the longest prefix of s that ends on a rune boundary and
 // whose JSON text (quotes excluded) takes at most max bytes. A rune outside
 // the BMP is kept or dropped whole, so no surrogate pair is split.
-func clipJSON(s []byte, max int) []byte {
+func clipJSON(s []byte, max int) []byte { return clipRunes(s, max, jsonRuneLen) }
+
+// jsonRuneLen is the length of rune r written by appendJSONString.
+func jsonRuneLen(r []byte) int {
+	n := 0
+	for _, c := range r {
+		n += escapedLen(c)
+	}
+	return n
+}
+
+// clipRunes returns the longest prefix of s that ends on a rune boundary
+// and whose runes cost at most max in all; cost measures one rune's bytes.
+func clipRunes(s []byte, max int, cost func(r []byte) int) []byte {
 	n := 0
 	for i := 0; i < len(s); {
-		size := runeLen(s[i])
-		w := 0
-		for _, c := range s[i : i+size] {
-			w += escapedLen(c)
-		}
+		size := min(runeLen(s[i]), len(s)-i) // a cut sequence costs what is there
+		w := cost(s[i : i+size])
 		if n+w > max {
 			return s[:i]
 		}

@@ -30,26 +30,14 @@ func utf16Len(s []byte) int {
 // clip16 returns the longest prefix of s of at most max UTF-16 code units
 // that ends on a rune boundary. A rune outside the BMP is kept or dropped
 // whole, so the result never holds half a surrogate pair.
-func clip16(s []byte, max int) []byte {
-	n := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		size, units := 1, 1
-		switch {
-		case c >= 0xF0:
-			size, units = 4, 2
-		case c >= 0xE0:
-			size = 3
-		case c >= 0xC0:
-			size = 2
-		}
-		if n+units > max {
-			return s[:i]
-		}
-		n += units
-		i += size
+func clip16(s []byte, max int) []byte { return clipRunes(s, max, utf16RuneLen) }
+
+// utf16RuneLen is the length of rune r in UTF-16 code units.
+func utf16RuneLen(r []byte) int {
+	if r[0] >= 0xF0 {
+		return 2 // a rune outside the BMP: a surrogate pair
 	}
-	return s
+	return 1
 }
 
 // isJSSpace reports whether r is WhiteSpace or LineTerminator in
