@@ -15,7 +15,12 @@ func TestAfterCloseRunsOnceAfterTheFirstClose(t *testing.T) {
 	}
 	ln := New(raw, Limits{}, nil)
 	defer ln.Close()
+	// The client's descriptor must be closed when the test ends: the
+	// descriptor-exhaustion tests that follow count every free one.
+	clientDone := make(chan struct{})
+	defer func() { <-clientDone }()
 	go func() {
+		defer close(clientDone)
 		if c, err := net.Dial("tcp", raw.Addr().String()); err == nil {
 			defer c.Close()
 			var b [1]byte
