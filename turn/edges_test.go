@@ -228,14 +228,8 @@ func TestBigDatagrams(t *testing.T) {
 			t.Fatal(err)
 		}
 		relayAddr := net.UDPAddrFromAddrPort(relay)
-		chPeer, indPeer := turntest.LoopbackPeer(t), turntest.LoopbackPeer(t)
-		chAddr, indAddr := chPeer.LocalAddr().(*net.UDPAddr).AddrPort(), indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
-		if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001), turntest.PeerAddress(chAddr)); code != 0 {
-			t.Fatalf("ChannelBind: %d", code)
-		}
-		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
-			t.Fatalf("CreatePermission: %d", code)
-		}
+		chPeer, indPeer := turntest.MustBindPeers(t, c, 0x4001)
+		indAddr := indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
 
 		// Peer to client, as ChannelData and as Data indications.
 		for _, leg := range []struct {

@@ -774,7 +774,12 @@ func frozenSignal(t *testing.T, r *hostileRelay) {
 // connects it.
 func agentInstance(t *testing.T, r *hostileRelay, pairKey string) *hostileInstance {
 	t.Helper()
-	redeemed := redeemPairKey(t, r.httpClient(), r.url("agent", ""), pairKey, "frozen-box")
+	return connectInstance(t, r, redeemPairKey(t, r.httpClient(), r.url("agent", ""), pairKey, "frozen-box"))
+}
+
+// connectInstance connects the instance redeemed names, until the test ends.
+func connectInstance(t *testing.T, r *hostileRelay, redeemed pairRedemption) *hostileInstance {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := agenttest.Dial(ctx, agenttest.Options{

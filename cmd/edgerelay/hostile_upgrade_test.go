@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"io"
@@ -13,8 +12,6 @@ import (
 	"time"
 
 	"github.com/fasthttp/websocket"
-
-	"edgerelay/fastpath/agent/agenttest"
 )
 
 // A client pipelines an ordinary request before an upgrade and resets the
@@ -230,18 +227,7 @@ func pipelinedLink(t *testing.T, r *hostileRelay, pairKey, clientToken string) {
 	connect := "GET /v1/connect HTTP/1.1\r\nHost: relay\r\nUpgrade: contenox-relay/1\r\nConnection: Upgrade\r\n" +
 		"Authorization: Bearer " + redeemed.InstanceToken + "\r\n\r\n"
 	r.pipelinedReset(t, "agent", connect, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := agenttest.Dial(ctx, agenttest.Options{
-		Addr: r.addrs["agent"], ServerName: "127.0.0.1", RootCAs: r.tls.RootCAs,
-		Token: redeemed.InstanceToken, Instance: redeemed.InstanceID,
-	})
-	if err != nil {
-		t.Fatalf("connector: %v", err)
-	}
-	defer conn.Close()
-	in := &hostileInstance{id: redeemed.InstanceID, conn: conn}
-	in.attach(t, r, websocket.DefaultDialer, clientToken)
+	connectInstance(t, r, redeemed).attach(t, r, websocket.DefaultDialer, clientToken)
 }
 
 // TestHostileUpgradeRefusesOtherVersionsAndHTTP10: every WebSocket upgrade

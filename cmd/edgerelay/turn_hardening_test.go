@@ -134,15 +134,8 @@ func TestTURNRelaysDatagramsUpToTheLegsMaximum(t *testing.T) {
 			t.Fatal(err)
 		}
 		relayAddr := net.UDPAddrFromAddrPort(relay)
-		chPeer, indPeer := turntest.LoopbackPeer(t), turntest.LoopbackPeer(t)
-		if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
-			turntest.PeerAddress(chPeer.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
-			t.Fatalf("ChannelBind: %d", code)
-		}
+		chPeer, indPeer := turntest.MustBindPeers(t, c, 0x4001)
 		indAddr := indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
-		if code, _ := turntest.MustRequest(t, c, stun.MethodCreatePermission, turntest.PeerAddress(indAddr)); code != 0 {
-			t.Fatalf("CreatePermission: %d", code)
-		}
 		for _, leg := range []struct {
 			name string
 			peer *net.UDPConn

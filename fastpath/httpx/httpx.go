@@ -1,6 +1,6 @@
 // Package httpx holds the small HTTP helpers every protocol handler shares:
-// JSON answers with Cache-Control: no-store, bearer extraction, and token
-// hashing. Nothing here allocates on a request path beyond what fasthttp does.
+// JSON answers with Cache-Control: no-store, the store-refusal answer,
+// bearer extraction, and token hashing. Nothing here allocates on a request path beyond what fasthttp does.
 package httpx
 
 import (

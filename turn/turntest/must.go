@@ -75,3 +75,19 @@ func NextFromPeer(t testing.TB, c *STUNClient) []byte {
 		}
 	}
 }
+
+// MustBindPeers opens two loopback peers of c's allocation: channel ch is
+// bound to the first, the second has a permission, for Send and Data
+// indications.
+func MustBindPeers(t testing.TB, c *STUNClient, ch uint16) (chPeer, indPeer *net.UDPConn) {
+	t.Helper()
+	chPeer, indPeer = LoopbackPeer(t), LoopbackPeer(t)
+	chAddr, indAddr := chPeer.LocalAddr().(*net.UDPAddr).AddrPort(), indPeer.LocalAddr().(*net.UDPAddr).AddrPort()
+	if code, _ := MustRequest(t, c, stun.MethodChannelBind, ChannelNumber(ch), PeerAddress(chAddr)); code != 0 {
+		t.Fatalf("ChannelBind: %d", code)
+	}
+	if code, _ := MustRequest(t, c, stun.MethodCreatePermission, PeerAddress(indAddr)); code != 0 {
+		t.Fatalf("CreatePermission: %d", code)
+	}
+	return chPeer, indPeer
+}
