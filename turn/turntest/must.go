@@ -1,6 +1,7 @@
 package turntest
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"testing"
@@ -90,4 +91,30 @@ func MustBindPeers(t testing.TB, c *STUNClient, ch uint16) (chPeer, indPeer *net
 		t.Fatalf("CreatePermission: %d", code)
 	}
 	return chPeer, indPeer
+}
+
+// ExpectToClient writes a datagram of each of sizes from peer to relay and
+// fails the test unless c gets each whole, as ChannelData or a Data
+// indication. With drop > 0, a datagram of drop bytes (more than the leg
+// carries) and then a marker follow, and the marker must be what arrives.
+// leg names the leg in the messages.
+func ExpectToClient(t testing.TB, c *STUNClient, peer *net.UDPConn, relay *net.UDPAddr, leg string, sizes []int, drop int) {
+	t.Helper()
+	for _, n := range sizes {
+		want := bytes.Repeat([]byte{byte(n)}, n)
+		if _, err := peer.WriteToUDP(want, relay); err != nil {
+			t.Fatal(err)
+		}
+		if got := NextFromPeer(t, c); !bytes.Equal(got, want) {
+			t.Fatalf("%s of %d bytes to the client: got %d bytes", leg, n, len(got))
+		}
+	}
+	if drop > 0 {
+		marker := []byte("marker")
+		_, _ = peer.WriteToUDP(make([]byte, drop), relay)
+		_, _ = peer.WriteToUDP(marker, relay)
+		if got := NextFromPeer(t, c); !bytes.Equal(got, marker) {
+			t.Errorf("%s of %d bytes reached the client (%d bytes), past what the leg carries", leg, drop, len(got))
+		}
+	}
 }
