@@ -25,6 +25,10 @@ const ClusterName = "edgerelay"
 // as the timer and SyncAlways makes every write fsync before it is acknowledged.
 const syncIntervalAlways = 2 * time.Minute
 
+// routeErrorReports: a failed route redial is logged on the first attempt and
+// then every this many (about a minute at nats-server's 1 s redial delay).
+const routeErrorReports = 60
+
 // Config is one embedded node. Every field maps to a cluster-mode setting (see
 // the package doc).
 type Config struct {
@@ -140,14 +144,21 @@ func options(cfg Config) (*server.Options, error) {
 		SyncInterval: syncIntervalAlways,
 		SyncAlways:   true,
 		NoSigs:       true, // the edgerelay process owns its signals
+		// Routes redial a lost peer every second; nats-server's default reports
+		// every failed redial (a warning a second per down peer). Report the
+		// first and then one a minute.
+		ReconnectErrorReports: routeErrorReports,
 	}, nil
 }
 
-// Start validates cfg, starts the server and waits until it accepts
+// Start validates cfg (a nil log means slog.Default()), starts the server and waits until it accepts
 // connections and its route listener is up, or ctx ends. It does not wait for
 // the JetStream cluster to have a leader: that needs a quorum of servers, and
 // nodes start one by one.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	opts, err := options(cfg)
 	if err != nil {
 		return nil, err
