@@ -36,18 +36,9 @@ func startAgentSite(t *testing.T, env ...string) *agentSite {
 	t.Helper()
 	dir := t.TempDir()
 	base := []string{"RELAY_DATA_DIR=" + dir}
-	out, errOut, code := edgerelay(t, base, "keys", "agent", "account", "add", "alice")
-	if code != 0 {
-		t.Fatalf("account add: %d %s", code, errOut)
-	}
-	site := &agentSite{clientToken: lastLine(out)}
-	out, errOut, code = edgerelay(t, base, "keys", "agent", "pair-key", "alice")
-	if code != 0 {
-		t.Fatalf("pair-key: %d %s", code, errOut)
-	}
-	pairKey := lastLine(out)
-	out, _, _ = edgerelay(t, base, "keys", "agent", "relay-key")
-	site.relayKey = lastLine(out)
+	site := &agentSite{clientToken: lastLine(cliOK(t, base, "keys", "agent", "account", "add", "alice"))}
+	pairKey := lastLine(cliOK(t, base, "keys", "agent", "pair-key", "alice"))
+	site.relayKey = lastLine(cliOK(t, base, "keys", "agent", "relay-key"))
 	site.s = startServer(t, append(base, env...)...)
 	caPEM, err := os.ReadFile(filepath.Join(dir, "tls", "ca.pem"))
 	if err != nil {

@@ -72,19 +72,9 @@ func startDiskFullRig(t *testing.T) *diskFullRig {
 	t.Helper()
 	r := &diskFullRig{t: t, mount: mountTmpfs(t), client: &http.Client{Timeout: 5 * time.Second}}
 	env := []string{"RELAY_DATA_DIR=" + r.mount}
-	out, errOut, code := edgerelay(t, env, "keys", "channel", "add", "--host", "box")
-	if code != 0 {
-		t.Fatalf("channel key: %d %s", code, errOut)
-	}
-	r.claimKey = lastLine(out)
-	if _, errOut, code = edgerelay(t, env, "keys", "agent", "account", "add", "alice"); code != 0 {
-		t.Fatalf("agent account: %d %s", code, errOut)
-	}
-	out, errOut, code = edgerelay(t, env, "keys", "agent", "pair-key", "alice")
-	if code != 0 {
-		t.Fatalf("pair key: %d %s", code, errOut)
-	}
-	r.pairKey = lastLine(out)
+	r.claimKey = lastLine(cliOK(t, env, "keys", "channel", "add", "--host", "box"))
+	cliOK(t, env, "keys", "agent", "account", "add", "alice")
+	r.pairKey = lastLine(cliOK(t, env, "keys", "agent", "pair-key", "alice"))
 	r.s = startServer(t, append(env, "RELAY_APPS=notes", "RELAY_PUSH_REGISTRATION=true",
 		fmt.Sprintf("RELAY_DISK_RESERVE=%d", diskReserve), "RELAY_DRAIN_TIMEOUT=3s", quickRaceExit)...)
 	caPEM, err := os.ReadFile(filepath.Join(r.mount, "tls", "ca.pem"))
