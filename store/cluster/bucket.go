@@ -20,6 +20,8 @@ type BucketConfig struct {
 	// KeyTTL allows per-key TTLs (leases): kv.Create with jetstream.KeyTTL,
 	// and refreshes by a direct publish with Nats-TTL (CLUSTER.md §1.3).
 	KeyTTL bool
+	// MaxAge expires every record this long after its last write (0: never).
+	MaxAge time.Duration
 }
 
 // Bucket creates (or updates to this configuration) a KV bucket with the
@@ -34,7 +36,15 @@ type BucketConfig struct {
 // CreateKeyValue makes (jetstream/kv.go), so the bucket works with every
 // KV client and the nats CLI.
 func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValue, error) {
+	return c.bucket(ctx, b)
+}
+
+func (c *Cluster) bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValue, error) {
 	sc := bucketStream(b.Name, b.KeyTTL, c.replicas)
+	if b.MaxAge > 0 {
+		sc.MaxAge = b.MaxAge
+		sc.Duplicates = min(sc.Duplicates, b.MaxAge)
+	}
 	if err := c.retry(ctx, "create bucket "+b.Name, func(ctx context.Context) error {
 		_, err := c.js.CreateOrUpdateStream(ctx, sc)
 		return err

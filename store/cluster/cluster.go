@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,7 @@ type Cluster struct {
 	nc          *nats.Conn
 	js          jetstream.JetStream
 	log         *slog.Logger
+	nodes       jetstream.KeyValue // er_nodes: liveness (nodes.go)
 
 	// down is why the shared store cannot take writes right now (an error
 	// wrapping store.ErrUnavailable), or nil while it can.
@@ -70,7 +72,7 @@ type Cluster struct {
 	// configReady: the config bucket (which probe asks about) exists.
 	configReady atomic.Bool
 	stop        chan struct{}
-	done        chan struct{}
+	bg          sync.WaitGroup // watch and the liveness refresh
 }
 
 // Open starts the embedded server when configured, connects, and waits until
@@ -96,7 +98,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	_, _ = rand.Read(inc)
 	c := &Cluster{
 		node: cfg.NodeName, incarnation: hex.EncodeToString(inc), replicas: cfg.Replicas,
-		log: log, stop: make(chan struct{}), done: make(chan struct{}),
+		log: log, stop: make(chan struct{}),
 	}
 	c.setDown(fmt.Errorf("%w: not connected to NATS yet", store.ErrUnavailable))
 	opts := []nats.Option{
@@ -142,7 +144,11 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 		c.closeEngine()
 		return nil, err
 	}
-	go c.watch()
+	c.bg.Go(c.watch)
+	if err := c.startLiveness(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -195,7 +201,6 @@ func (c *Cluster) probe(ctx context.Context) error {
 
 // watch keeps the readiness current until Close.
 func (c *Cluster) watch() {
-	defer close(c.done)
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {
@@ -254,7 +259,7 @@ func Context() (context.Context, context.CancelFunc) {
 // server, which hands its Raft leaderships to another server first.
 func (c *Cluster) Close() error {
 	close(c.stop)
-	<-c.done
+	c.bg.Wait()
 	err := c.nc.FlushTimeout(2 * time.Second)
 	c.closeEngine()
 	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,4 +133,37 @@ func TestClusterSharedState(t *testing.T) {
 		nodes.Restart(1)
 		waitFor(t, 15*time.Second, "node 0 available again", nodes.Node(0).Unavailable)
 	})
+}
+
+func TestClusterNodeLiveness(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	ctx := clustertest.Context(t)
+	n0 := nodes.Node(0)
+	inc2 := nodes.Node(2).Incarnation()
+	if ok, err := n0.Alive(ctx, "n2", inc2); err != nil || !ok {
+		t.Fatalf("running node 2: alive %v, %v", ok, err)
+	}
+	if ok, _ := n0.Alive(ctx, "n2", "0000"); ok {
+		t.Fatal("another incarnation of node 2 counts as alive")
+	}
+	if ok, _ := n0.Alive(ctx, "n9", "0000"); ok {
+		t.Fatal("a node that never ran counts as alive")
+	}
+	start := time.Now()
+	nodes.Stop(2)
+	waitFor(t, 20*time.Second, "node 2 dead after it stopped", func() error {
+		ok, err := n0.Alive(clustertest.Context(t), "n2", inc2)
+		if err != nil || ok {
+			return fmt.Errorf("alive %v, %v", ok, err)
+		}
+		return nil
+	})
+	t.Logf("node 2 counted dead %s after it stopped", time.Since(start).Round(100*time.Millisecond))
+	n2 := nodes.Restart(2)
+	if n2.Incarnation() == inc2 {
+		t.Fatal("a restart kept its incarnation")
+	}
+	if ok, err := n0.Alive(clustertest.Context(t), "n2", n2.Incarnation()); err != nil || !ok {
+		t.Fatalf("restarted node 2: alive %v, %v", ok, err)
+	}
 }
