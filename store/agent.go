@@ -107,6 +107,42 @@ type agentInstanceRecord struct {
 	Revoked bool      `json:"revoked,omitempty"`
 }
 
+// AgentRecords is the durable state of the agent relay as its handler, its
+// key management and the admin listener use it. *AgentStore (Pebble, one
+// node) and store/cluster/agentkv (shared by every node of a cluster)
+// implement it with the same behaviour; store/storetest.Agent is the
+// contract both pass.
+type AgentRecords interface {
+	// AddAccount stores a new account; names are unique (ErrAccountExists).
+	AddAccount(id, name string, client Hash, now time.Time) error
+	// Accounts lists every account, ordered by name.
+	Accounts() ([]AgentAccount, error)
+	// Account and AccountByName find one account, or ErrUnknownAccount.
+	Account(id string) (AgentAccount, error)
+	AccountByName(name string) (AgentAccount, error)
+	// AccountByClientToken finds the account of a client token hash, or
+	// ErrUnknownToken.
+	AccountByClientToken(h Hash) (AgentAccount, error)
+	// AddPairingKey stores a pairing key hash for account until expires.
+	AddPairingKey(h Hash, account string, now, expires time.Time) error
+	// RedeemPairingKey spends a pairing key at most once, creating the
+	// instance: ErrPairingUnknown, ErrPairingUsed, ErrPairingExpired or
+	// ErrInstanceExists change nothing.
+	RedeemPairingKey(h Hash, id, name string, token Hash, now time.Time) (AgentInstance, error)
+	// Instance finds an instance by id (revoked or not), or
+	// ErrUnknownInstance; InstanceByToken a live one by its token hash, or
+	// ErrUnknownToken.
+	Instance(id string) (AgentInstance, error)
+	InstanceByToken(h Hash) (AgentInstance, error)
+	// Instances lists every instance, ordered by account, name, id.
+	Instances() ([]AgentInstance, error)
+	// RevokeInstance marks an instance revoked: its token is refused from
+	// the return on, on every node.
+	RevokeInstance(id string) (AgentInstance, error)
+}
+
+var _ AgentRecords = (*AgentStore)(nil)
+
 // AgentStore is the durable state of the agent relay. One mutex serializes
 // every state change so that check-then-write is atomic (of two racing
 // redemptions of one pairing key exactly one wins); changes are rare

@@ -48,6 +48,35 @@ type channelKeyRecord struct {
 	Phone     []byte    `json:"phone,omitempty"`
 }
 
+// ChannelClaimStore is the durable claim state of the private channel
+// relay as the channel handler, its key management and the admin listener
+// use it. *ChannelClaims (Pebble, one node) and store/cluster/channelkv
+// (shared by every node of a cluster) implement it with the same
+// behaviour; store/storetest.Channel is the contract both pass.
+type ChannelClaimStore interface {
+	// AddKey stores a new claim key hash for host; ErrHostExists when the
+	// host already has one.
+	AddKey(h Hash, host string, now time.Time) error
+	// HasKey reports whether a claim key with hash h is stored.
+	HasKey(h Hash) (bool, error)
+	// Keys lists every stored claim key, ordered by host name.
+	Keys() ([]ChannelKey, error)
+	// Claim binds owner and phone token hashes to the unused key h and
+	// returns its host: ErrUnknownKey, ErrKeyUsed or ErrTokenInUse change
+	// nothing. Of two racing claims with one key exactly one wins.
+	Claim(h, owner, phone Hash, now time.Time) (string, error)
+	// ByOwner and ByPhone find the claimed key a token hash belongs to, or
+	// ErrUnknownToken.
+	ByOwner(owner Hash) (ChannelKey, error)
+	ByPhone(phone Hash) (ChannelKey, error)
+	// Release forgets the tokens of the owner's computer; the key stays used.
+	Release(owner Hash) (ChannelKey, error)
+	// Revoke removes host's claim key and its tokens; ErrUnknownHost.
+	Revoke(host string) (ChannelKey, error)
+}
+
+var _ ChannelClaimStore = (*ChannelClaims)(nil)
+
 // ChannelClaims is the durable claim state of the private channel relay.
 // One mutex serializes every state change so that check-then-write is
 // atomic: of two racing claims with one key exactly one wins. Claims are

@@ -38,7 +38,7 @@ const (
 // Config wires a Handler. Zero values take the defaults above.
 type Config struct {
 	// Store holds accounts, pairing keys and instances. Required.
-	Store *store.AgentStore
+	Store store.AgentRecords
 	// Key signs every welcome (LoadOrCreateKey). Required.
 	Key ed25519.PrivateKey
 	// RelayName is the welcome's relay field.

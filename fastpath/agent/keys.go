@@ -44,7 +44,7 @@ type InstanceInfo struct {
 // instance's link and clients) or on the store alone while the server is
 // stopped (Handler nil).
 type Keys struct {
-	Store   *store.AgentStore
+	Store   store.AgentRecords
 	Handler *Handler
 	Now     func() time.Time
 }

@@ -39,7 +39,7 @@ const (
 
 // Config wires a Handler.
 type Config struct {
-	Claims *store.ChannelClaims
+	Claims store.ChannelClaimStore
 	Log    *slog.Logger
 	// Metrics may be nil.
 	Metrics *Metrics

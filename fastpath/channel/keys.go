@@ -25,7 +25,7 @@ type KeyInfo struct {
 // Handler (revoking disconnects the computer) or on the store alone while
 // the server is stopped (Handler nil).
 type Keys struct {
-	Claims  *store.ChannelClaims
+	Claims  store.ChannelClaimStore
 	Handler *Handler
 	Now     func() time.Time
 }
