@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"edgerelay/fastpath/bucket"
 )
 
 // Push gateway keys. One key store (see PushScope) keeps the API keys of
@@ -108,11 +110,11 @@ type PushKey struct {
 	Mount string
 }
 
-// slot names the one-key-per-address slot a self-registered key holds:
+// Slot names the one-key-per-address slot a self-registered key holds:
 // its mount's, for its address bucket. Buckets (IPv4 addresses, IPv6 /64
 // prefixes) hold no '|'; a key without a mount holds the legacy slot, the
 // bare bucket.
-func (k *PushKey) slot() string {
+func (k *PushKey) Slot() string {
 	if k.Mount == "" {
 		return k.RegisteredIP
 	}
@@ -158,6 +160,25 @@ func toPushKeyRecord(k *PushKey) pushKeyRecord {
 	return rec
 }
 
+// EncodePushKey is the stored form of k (JSON), the same in every backend
+// so that an operator's tools read one format.
+func EncodePushKey(k PushKey) ([]byte, error) {
+	raw, err := json.Marshal(toPushKeyRecord(&k))
+	if err != nil {
+		return nil, fmt.Errorf("store: encode push key: %w", err)
+	}
+	return raw, nil
+}
+
+// DecodePushKey reads a key record written by EncodePushKey.
+func DecodePushKey(raw []byte) (PushKey, error) {
+	var rec pushKeyRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return PushKey{}, fmt.Errorf("store: push key record: %w", err)
+	}
+	return fromPushKeyRecord(rec)
+}
+
 func fromPushKeyRecord(rec pushKeyRecord) (PushKey, error) {
 	k := PushKey{ID: rec.ID, Label: rec.Label, Enabled: rec.Enabled, CreatedAt: rec.CreatedAt, Source: rec.Source, Mount: rec.Mount}
 	raw, err := hex.DecodeString(rec.Hash)
@@ -173,6 +194,51 @@ func fromPushKeyRecord(rec pushKeyRecord) (PushKey, error) {
 	}
 	return k, nil
 }
+
+// PushGatewayStore is one push-gateway key store as the gateway's handler
+// uses it: keys, device-token claims, the daily budget and the minute
+// limits. PushGateway keeps it in Pebble for one process; the cluster
+// backend (store/cluster/pushkv) keeps it in JetStream, exact across
+// nodes. Both pass the contract suite in store/storetest.
+type PushGatewayStore interface {
+	// KeyByHash is the send path's lookup: local to the process and
+	// allocation-free in every backend.
+	KeyByHash(h Hash) (PushKey, bool)
+	KeyByID(id string) (PushKey, bool)
+	Keys() []PushKey
+	AddKey(k PushKey) error
+	RegisterKey(k PushKey) (superseded *PushKey, err error)
+	SetKeyEnabled(id string, enabled bool) error
+	DeleteKey(id string) error
+
+	Claim(token Hash, keyID string, now time.Time) (ClaimTicket, error)
+	Settle(t ClaimTicket, delivered bool) error
+	ClaimOf(token Hash) (c PushClaim, ok bool, err error)
+
+	DrawBudget(limit int64, now time.Time) (BudgetDraw, bool, error)
+	RefundBudget(d BudgetDraw)
+	BudgetUsed(now time.Time) (int64, error)
+	FlushBudget() error
+
+	// RateLimiter returns a family of per-minute limits (perMinute takes
+	// a minute, refilled evenly), one bucket per key. name tells the
+	// families of one store apart across nodes ("send.fcm"); each call
+	// returns a family of its own.
+	RateLimiter(name string, perMinute int) (PushRateLimiter, error)
+}
+
+// PushRateLimiter is one family of minute limits, keyed by a SHA-256
+// digest (of an API key, of an address bucket).
+type PushRateLimiter interface {
+	// Take takes one token of key's bucket at now; false: limited.
+	Take(key Hash, now time.Time) (bool, error)
+	// Sweep lets go of the state of buckets idle long enough to be full
+	// again (memory follows the active keys); a no-op where the state is
+	// not the process's.
+	Sweep(now time.Time)
+}
+
+var _ PushGatewayStore = (*PushGateway)(nil)
 
 // PushGateway is the durable state of one push-gateway key store: keys,
 // device-token claims and the daily budget.
@@ -362,14 +428,14 @@ func (g *PushGateway) putKey(k PushKey, register bool) (*PushKey, error) {
 		{g.key(kindGatewayKeyHash, k.Hash[:]), []byte(k.ID)},
 	}
 	if register {
-		if id, ok := g.byBucket[k.slot()]; ok && g.byID[id] != nil {
+		if id, ok := g.byBucket[k.Slot()]; ok && g.byID[id] != nil {
 			old = g.byID[id]
 			if err := g.deleteKeyRecords(b, old); err != nil {
 				b.Discard()
 				return nil, err
 			}
 		}
-		sets = append(sets, [2][]byte{g.key(kindGatewayBucket, []byte(k.slot())), []byte(k.ID)})
+		sets = append(sets, [2][]byte{g.key(kindGatewayBucket, []byte(k.Slot())), []byte(k.ID)})
 	}
 	for _, kv := range sets {
 		if err := b.Set(kv[0], kv[1]); err != nil {
@@ -388,7 +454,7 @@ func (g *PushGateway) putKey(k PushKey, register bool) (*PushKey, error) {
 	g.byID[k.ID] = &k
 	g.byHash[k.Hash] = &k
 	if register {
-		g.byBucket[k.slot()] = k.ID
+		g.byBucket[k.Slot()] = k.ID
 	}
 	if old != nil {
 		c := *old
@@ -406,8 +472,8 @@ func (g *PushGateway) deleteKeyRecords(b *Batch, k *PushKey) error {
 	if err := b.Delete(g.key(kindGatewayKeyHash, k.Hash[:])); err != nil {
 		return err
 	}
-	if k.RegisteredIP != "" && g.byBucket[k.slot()] == k.ID {
-		return b.Delete(g.key(kindGatewayBucket, []byte(k.slot())))
+	if k.RegisteredIP != "" && g.byBucket[k.Slot()] == k.ID {
+		return b.Delete(g.key(kindGatewayBucket, []byte(k.Slot())))
 	}
 	return nil
 }
@@ -416,8 +482,8 @@ func (g *PushGateway) deleteKeyRecords(b *Batch, k *PushKey) error {
 func (g *PushGateway) forget(k *PushKey) {
 	delete(g.byID, k.ID)
 	delete(g.byHash, k.Hash)
-	if k.RegisteredIP != "" && g.byBucket[k.slot()] == k.ID {
-		delete(g.byBucket, k.slot())
+	if k.RegisteredIP != "" && g.byBucket[k.Slot()] == k.ID {
+		delete(g.byBucket, k.Slot())
 	}
 }
 
@@ -486,7 +552,19 @@ type ClaimTicket struct {
 	token Hash
 	state *claimState
 	epoch uint64
+	ref   string // another backend's own name for the send's claim
 }
+
+// NewClaimTicket is another backend's ticket for token: ref names its
+// record of the send ("" is the zero ticket, which settles to nothing).
+func NewClaimTicket(token Hash, ref string) ClaimTicket {
+	return ClaimTicket{token: token, ref: ref}
+}
+
+// Token is the device token's digest the ticket was issued for; Ref is
+// what NewClaimTicket was given.
+func (t ClaimTicket) Token() Hash { return t.token }
+func (t ClaimTicket) Ref() string { return t.ref }
 
 // PushClaim is the durable state of one token's claim, for inspection.
 type PushClaim struct {
@@ -666,6 +744,16 @@ type BudgetDraw struct {
 	ok  bool
 }
 
+// NewBudgetDraw is another backend's draw counted for day (PushBudgetDay).
+func NewBudgetDraw(day int64) BudgetDraw { return BudgetDraw{day: day, ok: true} }
+
+// Day is the UTC day the draw was counted for; ok false for the zero draw
+// (nothing to refund).
+func (d BudgetDraw) Day() (day int64, ok bool) { return d.day, d.ok }
+
+// PushBudgetDay is the budget's day of now: days since the Unix epoch, UTC.
+func PushBudgetDay(now time.Time) int64 { return utcDay(now) }
+
 // utcDay is the number of days since the Unix epoch of now in UTC.
 func utcDay(now time.Time) int64 {
 	s := now.Unix()
@@ -805,3 +893,31 @@ func (g *PushGateway) FlushBudget() error {
 	b.reserved = b.used
 	return nil
 }
+
+// ---- minute limits ----
+
+// RateLimiter returns a fresh family of minute limits held in this
+// process: the only one that serves this store, so its buckets are exact
+// (GCRA, lock-free and allocation-free for a known key).
+func (g *PushGateway) RateLimiter(name string, perMinute int) (PushRateLimiter, error) {
+	if perMinute < 1 {
+		return nil, fmt.Errorf("store: rate limit %s: %d a minute: want at least 1", name, perMinute)
+	}
+	set, err := bucket.NewSet(bucket.Config{Burst: perMinute, Interval: time.Minute / time.Duration(perMinute)})
+	if err != nil {
+		return nil, fmt.Errorf("store: rate limit %s: %w", name, err)
+	}
+	return localRate{set}, nil
+}
+
+// localRate keys its buckets by the first 8 bytes of the digest: uniform,
+// and what the gateway's per-key buckets were keyed by before the limits
+// moved behind the store.
+type localRate struct{ set *bucket.Set }
+
+func (l localRate) Take(key Hash, now time.Time) (bool, error) {
+	ok, _ := l.set.Take(binary.LittleEndian.Uint64(key[:8]), now.UnixNano())
+	return ok, nil
+}
+
+func (l localRate) Sweep(now time.Time) { l.set.Sweep(now.UnixNano()) }

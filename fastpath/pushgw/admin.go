@@ -39,7 +39,7 @@ type Admin struct {
 
 // NewAdmin serves the key stores of the mounts that run, by mount name
 // (ProviderFCM, ProviderAPNs). Mounts whose Keys hold the same
-// *store.PushGateway share one store.
+// store value share one store.
 func NewAdmin(byMount map[string]*Keys) *Admin {
 	a := &Admin{byMount: byMount}
 	for _, m := range []string{ProviderFCM, ProviderAPNs} {

@@ -38,11 +38,11 @@ var (
 )
 
 // Keys is the operator's management of one key store's API keys. It works
-// on the store of a running server (through the admin listener) and on the
-// store alone while the server is stopped: either way it is the only
-// writer, because Pebble's lock admits one process.
+// on the store of a running server (through the admin listener) and, for
+// Pebble, on the store alone while the server is stopped (Pebble's lock
+// admits one process, so it is the only writer then).
 type Keys struct {
-	Store *store.PushGateway
+	Store store.PushGatewayStore
 	// Log receives key.created and key.revoked lines; nil discards.
 	Log *slog.Logger
 	// Now is the clock; nil means time.Now.

@@ -6,8 +6,10 @@
 // body shapes are the reference's, byte for byte.
 //
 // One Handler is one mount and delivers through one provider. Two mounts in
-// one process share a key store (store.PushGateway: keys, device-token
-// claims, daily budget) or keep one each, as the operator configures.
+// one process share a key store (store.PushGatewayStore: keys, device-token
+// claims, daily budget, minute limits) or keep one each, as the operator
+// configures. The store is Pebble's (one process) or the cluster's; the
+// handler does not know which.
 //
 // # Listener settings
 //
@@ -32,8 +34,9 @@
 // same 413, but it then precedes the key check.
 //
 // Per-key minute limits are kept per mount (as the reference kept them per
-// worker); the daily budget and the device-token claims belong to the key
-// store, so mounts that share a store share them.
+// worker), in the key store so that they are exact across cluster nodes;
+// the daily budget and the device-token claims belong to the key store,
+// so mounts that share a store share them.
 package pushgw
 
 import (
@@ -49,7 +52,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/fastpath/bucket"
 	"edgerelay/fastpath/server"
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
@@ -93,8 +95,8 @@ type Config struct {
 	// FCM delivers for an FCM mount; nil leaves it unconfigured.
 	FCM *fcm.Client
 	// Store is the mount's key store. Mounts that share keys share one
-	// *store.PushGateway value.
-	Store *store.PushGateway
+	// store value.
+	Store store.PushGatewayStore
 	// Registration opens POST /register.
 	Registration bool
 	// RatePerMinute is the per-key send limit (>= 1).
@@ -121,14 +123,14 @@ type Config struct {
 type Handler struct {
 	provider    string
 	sender      sender // nil: not configured
-	store       *store.PushGateway
+	store       store.PushGatewayStore
 	register    bool
 	perMinute   int
 	metered     bool
 	budget      int64
 	proxyHeader string
-	rate        *bucket.Set // per API key
-	regRate     *bucket.Set // per address bucket
+	rate        store.PushRateLimiter // per API key, this mount's
+	regRate     store.PushRateLimiter // per address bucket, this mount's
 	log         *slog.Logger
 	m           *mountMetrics
 	now         func() time.Time
@@ -153,11 +155,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Metered && cfg.DailyBudget < 0 {
 		return nil, fmt.Errorf("pushgw: daily budget %d: want 0 (closed) or more", cfg.DailyBudget)
 	}
-	rate, err := bucket.NewSet(bucket.Config{Burst: cfg.RatePerMinute, Interval: time.Minute / time.Duration(cfg.RatePerMinute)})
+	rate, err := cfg.Store.RateLimiter("send."+cfg.Provider, cfg.RatePerMinute)
 	if err != nil {
 		return nil, fmt.Errorf("pushgw: rate limit: %w", err)
 	}
-	regRate, err := bucket.NewSet(bucket.Config{Burst: registerPerMinute, Interval: time.Minute / registerPerMinute})
+	regRate, err := cfg.Store.RateLimiter("register."+cfg.Provider, registerPerMinute)
 	if err != nil {
 		return nil, fmt.Errorf("pushgw: registration limit: %w", err)
 	}
@@ -210,7 +212,7 @@ func apnsEnvironmentOK(env string) bool {
 func (h *Handler) Configured() bool { return h.sender != nil }
 
 // Drain writes the daily budget's exact count in place of its reservation
-// (see store.PushGateway.FlushBudget), so that a clean stop forfeits no
+// (see store.PushGateway.FlushBudget; a no-op where the budget is exact), so that a clean stop forfeits no
 // budget. Sends still running, and those that keep-alive connections
 // bring before the listener's shutdown closes them, count exactly too:
 // after the flush every draw writes its count. It fits
@@ -306,7 +308,8 @@ func (h *Handler) finish(ctx *fasthttp.RequestCtx, r *request) {
 
 // sweep evicts idle rate-limit buckets at most once a minute, from the
 // request that notices it is due, so memory follows the active keys and
-// addresses without a background goroutine.
+// addresses without a background goroutine (where the store holds them in
+// the process).
 func (h *Handler) sweep(now time.Time) {
 	n := now.UnixNano()
 	last := h.lastSweep.Load()
@@ -314,8 +317,8 @@ func (h *Handler) sweep(now time.Time) {
 		return
 	}
 	go func() {
-		h.rate.Sweep(n)
-		h.regRate.Sweep(n)
+		h.rate.Sweep(now)
+		h.regRate.Sweep(now)
 	}()
 }
 

@@ -32,7 +32,12 @@ func (h *Handler) registerKey(ctx *fasthttp.RequestCtx, r *request) {
 	}
 	now := h.now()
 	h.sweep(now)
-	if ok, _ := h.regRate.TakeBytes([]byte(bucketName), now.UnixNano()); !ok {
+	ok, err := h.regRate.Take(sha256.Sum256([]byte(bucketName)), now)
+	if err != nil {
+		h.internal(ctx, r, "register", err)
+		return
+	}
+	if !ok {
 		var buf [192]byte
 		b := appendErrorHead(buf[:0], r, "too many registration attempts, try again later")
 		b = append(b, `,"window":"minute","retryAfterSeconds":60}`...)

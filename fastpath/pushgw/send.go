@@ -3,7 +3,6 @@ package pushgw
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -161,7 +160,12 @@ func (h *Handler) send(ctx *fasthttp.RequestCtx, r *request) {
 	}
 
 	// 6: the key's minute limit.
-	if ok, _ := h.rate.Take(binary.LittleEndian.Uint64(key.Hash[:8]), now.UnixNano()); !ok {
+	ok, err = h.rate.Take(key.Hash, now)
+	if err != nil {
+		h.internal(ctx, r, "rate", err)
+		return
+	}
+	if !ok {
 		var buf [192]byte
 		b := appendErrorHead(buf[:0], r, "rate limit exceeded")
 		b = append(b, `,"window":"minute","limit":`...)
