@@ -79,6 +79,15 @@ func startServerNofile(t *testing.T, nofile int, env ...string) *relayProc {
 // cpu.
 func startServerWith(t *testing.T, s *relayProc, env ...string) *relayProc {
 	t.Helper()
+	prepare(t, s, env...)
+	s.start()
+	return s
+}
+
+// prepare gives s its environment (startServer's defaults under env) and
+// kills its process when the test ends; it starts nothing.
+func prepare(t *testing.T, s *relayProc, env ...string) {
+	t.Helper()
 	base := []string{
 		"RELAY_DATA_DIR=" + t.TempDir(),
 		"RELAY_ADMIN_LISTEN=127.0.0.1:0",
@@ -96,9 +105,7 @@ func startServerWith(t *testing.T, s *relayProc, env ...string) *relayProc {
 			s.dataDir = v
 		}
 	}
-	s.start()
 	t.Cleanup(func() { s.kill() })
-	return s
 }
 
 func mergeEnv(base, over []string) []string {
@@ -120,6 +127,14 @@ func mergeEnv(base, over []string) []string {
 
 // start launches the process and waits for its start-up lines.
 func (s *relayProc) start() {
+	s.t.Helper()
+	s.awaitStart(s.launch())
+}
+
+// launch starts the process; its stdout lines arrive on the channel.
+// Cluster nodes are launched together and then awaited, because each waits
+// for a quorum of the others before it prints anything.
+func (s *relayProc) launch() <-chan string {
 	s.t.Helper()
 	s.cmd = exec.Command(binaryPath, "serve")
 	if s.nofile > 0 {
@@ -154,6 +169,12 @@ func (s *relayProc) start() {
 		close(lines)
 	}()
 	go func() { _ = s.cmd.Wait(); close(s.exited) }()
+	return lines
+}
+
+// awaitStart reads the start-up lines of a launched process.
+func (s *relayProc) awaitStart(lines <-chan string) {
+	s.t.Helper()
 	s.addrs = map[string]string{}
 	deadline := time.After(60 * time.Second)
 	for {

@@ -37,6 +37,7 @@ import (
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/store"
+	"edgerelay/store/cluster"
 	"edgerelay/turn"
 )
 
@@ -72,7 +73,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("starting", "version", version(), "gomaxprocs", procs, "settings", values)
 
-	r, err := startRelay(cfg, log, stdout)
+	// SIGTERM while a cluster node waits for its NATS ends the wait.
+	startCtx, startDone := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	r, err := startRelay(startCtx, cfg, log, stdout)
+	startDone()
 	if err != nil {
 		log.Error("start failed", "err", err)
 		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
@@ -105,6 +109,7 @@ type relay struct {
 	cfg       config.Config
 	log       *slog.Logger
 	db        *store.DB
+	cluster   *cluster.Cluster // nil: a single node
 	admin     *admin.Handler
 	listeners []*server.Listener
 	reloaders []*tlsconf.Reloader
@@ -114,7 +119,7 @@ type relay struct {
 	turn           *turn.Server
 }
 
-func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
+func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -132,9 +137,25 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 		}
 	}()
 
+	unavailable := db.Unavailable
+	if cfg.Cluster.On() {
+		if err := clusterServices(cfg); err != nil {
+			return nil, err
+		}
+		if r.cluster, err = openCluster(ctx, cfg, log); err != nil {
+			return nil, err
+		}
+		unavailable = r.unavailable
+		if cfg.Listeners[config.Agent].On() {
+			if err := clusterAgentKey(ctx, r.cluster, cfg.DataDir); err != nil {
+				return nil, err
+			}
+		}
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := admin.RegisterStorage(reg, db.Unavailable); err != nil {
+	if err := admin.RegisterStorage(reg, unavailable); err != nil {
 		return nil, err
 	}
 	listenerMetrics, err := netlimit.NewPromMetrics(reg)
@@ -218,7 +239,7 @@ func startRelay(cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay
 	}
 	r.admin = admin.New(admin.Config{
 		Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin,
-		AgentKeys: agentKeys, AgentPublicKey: agentPub, Storage: db.Unavailable, Log: log.With("service", "admin"),
+		AgentKeys: agentKeys, AgentPublicKey: agentPub, Storage: unavailable, Log: log.With("service", "admin"),
 	})
 	if cfg.AdminListen != "" {
 		// The same caps as every other listener: the admin listener is
@@ -397,6 +418,9 @@ func (r *relay) closeAll() error {
 		errs = append(errs, ln.Shutdown(context.Background()))
 	}
 	_ = os.Remove(filepath.Join(r.cfg.DataDir, adminTokenFile))
+	if r.cluster != nil {
+		errs = append(errs, r.cluster.Close())
+	}
 	errs = append(errs, r.db.Close())
 	return errors.Join(errs...)
 }

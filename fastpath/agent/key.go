@@ -34,9 +34,20 @@ func LoadOrCreateKey(dataDir string) (ed25519.PrivateKey, error) {
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return key, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("agent: relay key: %w", err)
+	data, err := NewKeyPEM()
+	if err != nil {
+		return nil, err
 	}
+	if err := InstallKey(dataDir, data); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	// Ours, or another process's that got there first.
+	return readKey(path)
+}
+
+// NewKeyPEM generates a signing key, encoded as the key file holds it
+// (PKCS #8 PEM).
+func NewKeyPEM() ([]byte, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("agent: relay key: generate: %w", err)
@@ -45,13 +56,31 @@ func LoadOrCreateKey(dataDir string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: relay key: encode: %w", err)
 	}
-	if err := createExclusive(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return readKey(path)
-		}
-		return nil, err
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// KeyPEM returns the bytes of <dataDir>/agent/relay.key, or nil when there
+// is no key file: what a cluster node compares with the cluster's key.
+func KeyPEM(dataDir string) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(dataDir, KeyFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
-	return priv, nil
+	if err != nil {
+		return nil, fmt.Errorf("agent: relay key: %w", err)
+	}
+	return data, nil
+}
+
+// InstallKey writes data (a PEM key, as NewKeyPEM makes) as the key file,
+// failing with fs.ErrExist when there is one already: a cluster node that
+// has none adopts the cluster's key this way, and keeps it.
+func InstallKey(dataDir string, data []byte) error {
+	path := filepath.Join(dataDir, KeyFile)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("agent: relay key: %w", err)
+	}
+	return createExclusive(path, data)
 }
 
 // readKey reads and parses the key file, tightening its mode.

@@ -36,15 +36,7 @@ type BucketConfig struct {
 // CreateKeyValue makes (jetstream/kv.go), so the bucket works with every
 // KV client and the nats CLI.
 func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValue, error) {
-	return c.bucket(ctx, b)
-}
-
-func (c *Cluster) bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValue, error) {
-	sc := bucketStream(b.Name, b.KeyTTL, c.replicas)
-	if b.MaxAge > 0 {
-		sc.MaxAge = b.MaxAge
-		sc.Duplicates = min(sc.Duplicates, b.MaxAge)
-	}
+	sc := c.bucketStream(b)
 	if err := c.retry(ctx, "create bucket "+b.Name, func(ctx context.Context) error {
 		_, err := c.js.CreateOrUpdateStream(ctx, sc)
 		return err
@@ -60,26 +52,30 @@ func (c *Cluster) bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValu
 }
 
 // bucketStream is the stream of a KV bucket (see Bucket).
-func bucketStream(name string, keyTTL bool, replicas int) jetstream.StreamConfig {
+func (c *Cluster) bucketStream(b BucketConfig) jetstream.StreamConfig {
 	sc := jetstream.StreamConfig{
-		Name:              "KV_" + name,
-		Subjects:          []string{"$KV." + name + ".>"},
+		Name:              "KV_" + b.Name,
+		Subjects:          []string{"$KV." + b.Name + ".>"},
 		MaxMsgsPerSubject: 1,
 		MaxBytes:          -1,
 		MaxMsgSize:        -1,
 		MaxMsgs:           -1,
 		MaxConsumers:      -1,
 		Storage:           jetstream.FileStorage,
-		Replicas:          replicas,
+		Replicas:          c.replicas,
 		AllowRollup:       true,
 		DenyDelete:        true,
 		Duplicates:        2 * time.Minute,
 		Discard:           jetstream.DiscardNew,
 		AllowDirect:       false,
 	}
-	if keyTTL {
+	if b.KeyTTL {
 		sc.AllowMsgTTL = true
 		sc.SubjectDeleteMarkerTTL = time.Second
+	}
+	if b.MaxAge > 0 {
+		sc.MaxAge = b.MaxAge
+		sc.Duplicates = min(sc.Duplicates, b.MaxAge)
 	}
 	return sc
 }

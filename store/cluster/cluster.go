@@ -52,7 +52,7 @@ type Config struct {
 const (
 	opTimeout = 5 * time.Second
 	// probeEvery is how often readiness asks JetStream whether it answers.
-	probeEvery = time.Second
+	probeEvery = livenessRefresh
 )
 
 // Cluster is a node's connection to the shared store.
@@ -69,10 +69,8 @@ type Cluster struct {
 	// down is why the shared store cannot take writes right now (an error
 	// wrapping store.ErrUnavailable), or nil while it can.
 	down atomic.Pointer[error]
-	// configReady: the config bucket (which probe asks about) exists.
-	configReady atomic.Bool
-	stop        chan struct{}
-	bg          sync.WaitGroup // watch and the liveness refresh
+	stop chan struct{}
+	bg   sync.WaitGroup // watch and the liveness refresh
 }
 
 // Open starts the embedded server when configured, connects, and waits until
@@ -145,10 +143,6 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 		return nil, err
 	}
 	c.bg.Go(c.watch)
-	if err := c.startLiveness(ctx); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
 	return c, nil
 }
 
@@ -175,31 +169,37 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	}
 }
 
-// probe asks the leader of the config bucket's stream for its state. Only
-// a stream leader answers that, and a replicated stream has a leader only
-// while a quorum of its servers is up, so this answers exactly while writes
-// can be acknowledged. (JetStream's account info is not enough: a server
-// answers it alone, measured: still answering with 2 of 3 servers down.)
-// The bucket is created first, which needs the meta group's quorum.
+// probe writes this node's liveness record (nodes.go): an acknowledged
+// write is the one sure sign that writes can be acknowledged. A stream's
+// info is not (measured: a stream leader that lost its quorum kept answering
+// for about 11 s, until it stepped down), nor is JetStream's account info,
+// which a server answers alone. The buckets are created first, which needs
+// the meta group's quorum. One write a second per node is the cost.
 func (c *Cluster) probe(ctx context.Context) error {
 	if !c.nc.IsConnected() {
 		return fmt.Errorf("%w: not connected to NATS", store.ErrUnavailable)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if !c.configReady.Load() {
-		if _, err := c.js.CreateOrUpdateStream(ctx, bucketStream(configBucket, false, c.replicas)); err != nil {
+	if c.nodes == nil {
+		for _, b := range []BucketConfig{{Name: configBucket}, {Name: nodesBucket, MaxAge: livenessTTL}} {
+			if _, err := c.js.CreateOrUpdateStream(ctx, c.bucketStream(b)); err != nil {
+				return fmt.Errorf("%w: JetStream does not answer: %w", store.ErrUnavailable, err)
+			}
+		}
+		kv, err := c.js.KeyValue(ctx, nodesBucket)
+		if err != nil {
 			return fmt.Errorf("%w: JetStream does not answer: %w", store.ErrUnavailable, err)
 		}
-		c.configReady.Store(true)
+		c.nodes = kv
 	}
-	if _, err := c.js.Stream(ctx, "KV_"+configBucket); err != nil {
-		return fmt.Errorf("%w: no JetStream quorum: %w", store.ErrUnavailable, err)
+	if _, err := c.nodes.Put(ctx, c.node, []byte(c.incarnation)); err != nil {
+		return fmt.Errorf("%w: no JetStream quorum (a write was not acknowledged): %w", store.ErrUnavailable, err)
 	}
 	return nil
 }
 
-// watch keeps the readiness current until Close.
+// watch keeps the readiness and the liveness record current until Close.
 func (c *Cluster) watch() {
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()

@@ -6,7 +6,8 @@ import (
 )
 
 // Node liveness. Every node keeps a record in the bucket er_nodes under its
-// name, holding its incarnation, rewritten every livenessRefresh; the bucket
+// name, holding its incarnation, rewritten every livenessRefresh by the
+// readiness probe (cluster.go); the bucket
 // expires records livenessTTL after their last write, so a node that died
 // (kill -9, power loss, a cut network) drops out of it by itself. Another
 // node that holds state stamped with (node, incarnation), such as a push
@@ -16,41 +17,8 @@ import (
 const (
 	nodesBucket     = "er_nodes"
 	livenessTTL     = 10 * time.Second
-	livenessRefresh = 2 * time.Second
+	livenessRefresh = time.Second
 )
-
-// startLiveness writes this node's record once (so that Open returns only
-// with the node known alive) and keeps it fresh until Close.
-func (c *Cluster) startLiveness(ctx context.Context) error {
-	kv, err := c.bucket(ctx, BucketConfig{Name: nodesBucket, MaxAge: livenessTTL})
-	if err != nil {
-		return err
-	}
-	c.nodes = kv
-	if err := c.retry(ctx, "register node "+c.node, func(ctx context.Context) error {
-		_, err := kv.Put(ctx, c.node, []byte(c.incarnation))
-		return err
-	}); err != nil {
-		return err
-	}
-	c.bg.Go(func() {
-		t := time.NewTicker(livenessRefresh)
-		defer t.Stop()
-		for {
-			select {
-			case <-c.stop:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), livenessRefresh)
-			if _, err := kv.Put(ctx, c.node, []byte(c.incarnation)); err != nil && c.Unavailable() == nil {
-				c.log.Warn("node liveness not refreshed", "error", err)
-			}
-			cancel()
-		}
-	})
-	return nil
-}
 
 // Alive reports whether node still runs the given incarnation: false once
 // the node restarted (another incarnation) or has not refreshed its record

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -32,7 +34,24 @@ type Config struct {
 	Gateway    GatewayConfig
 	Cloudflare CloudflareConfig
 	Agent      AgentConfig
+	Cluster    ClusterConfig
 }
+
+// ClusterConfig says whether and how the node shares its state with other
+// nodes. Zero is a single node.
+type ClusterConfig struct {
+	NodeName           string   // RELAY_NODE_NAME, the host name when unset
+	URLs               []string // RELAY_NATS_URL
+	CredsFile          string   // RELAY_NATS_CREDS
+	TLSCA              string   // RELAY_NATS_TLS_CA
+	EmbedListen        string   // RELAY_NATS_EMBED_LISTEN
+	EmbedClusterListen string   // RELAY_NATS_EMBED_CLUSTER_LISTEN
+	EmbedRoutes        []string // RELAY_NATS_EMBED_ROUTES
+	Replicas           int      // RELAY_NATS_REPLICAS
+}
+
+// On reports whether the node runs in cluster mode.
+func (c ClusterConfig) On() bool { return len(c.URLs) > 0 || c.EmbedListen != "" }
 
 // Listener is where one service listens and with which certificate.
 type Listener struct {
@@ -206,6 +225,16 @@ func (v *Values) Config() (Config, error) {
 			URL:      v.String(EnvCFURL),
 		},
 		Agent: AgentConfig{InstanceQueue: v.Int(EnvAgentInstanceQueueBytes)},
+		Cluster: ClusterConfig{
+			NodeName:           v.String(EnvNodeName),
+			URLs:               splitList(v.String(EnvNATSURL)),
+			CredsFile:          v.String(EnvNATSCreds),
+			TLSCA:              v.String(EnvNATSTLSCA),
+			EmbedListen:        v.String(EnvNATSEmbedListen),
+			EmbedClusterListen: v.String(EnvNATSEmbedClusterListen),
+			EmbedRoutes:        splitList(v.String(EnvNATSEmbedRoutes)),
+			Replicas:           v.Int(EnvNATSReplicas),
+		},
 	}
 	// Load checked every value, so these parses cannot fail.
 	_ = c.LogLevel.UnmarshalText([]byte(v.String(EnvLogLevel)))
@@ -241,8 +270,46 @@ func (v *Values) Config() (Config, error) {
 		errs = append(errs, fmt.Errorf("%s is empty while TURN is on (%s=%s)", EnvTURNRealm, TURN.ListenEnv(), c.Listeners[TURN].Addr))
 	}
 
+	errs = append(errs, c.Cluster.check()...)
+
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// check reports the cluster settings that cannot work together, and fills
+// in the node name.
+func (c *ClusterConfig) check() (errs []error) {
+	embedOnly := c.EmbedClusterListen != "" || len(c.EmbedRoutes) > 0
+	switch {
+	case len(c.URLs) > 0 && (c.EmbedListen != "" || embedOnly):
+		errs = append(errs, fmt.Errorf("%s and the %s settings exclude each other: connect to an external NATS cluster or embed one", EnvNATSURL, "RELAY_NATS_EMBED_*"))
+	case c.EmbedListen != "" && (c.EmbedClusterListen == "" || len(c.EmbedRoutes) == 0):
+		errs = append(errs, fmt.Errorf("%s needs %s and %s: an embedded server joins the others through its routes", EnvNATSEmbedListen, EnvNATSEmbedClusterListen, EnvNATSEmbedRoutes))
+	case c.EmbedListen == "" && embedOnly:
+		errs = append(errs, fmt.Errorf("%s and %s need %s", EnvNATSEmbedClusterListen, EnvNATSEmbedRoutes, EnvNATSEmbedListen))
+	}
+	if len(c.URLs) == 0 && (c.CredsFile != "" || c.TLSCA != "") {
+		errs = append(errs, fmt.Errorf("%s and %s apply to %s, which is empty", EnvNATSCreds, EnvNATSTLSCA, EnvNATSURL))
+	}
+	if c.On() && c.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			errs = append(errs, fmt.Errorf("%s is empty and the host name is unknown (%v): name this node", EnvNodeName, err))
+		}
+		c.NodeName = host
+	}
+	return errs
+}
+
+// splitList splits a comma-separated setting, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -81,11 +81,12 @@ const (
 	GroupICE       Group = "ice"
 	GroupAgent     Group = "agent"
 	GroupLimits    Group = "limits"
+	GroupCluster   Group = "cluster"
 )
 
 // Groups returns every group in section order.
 func Groups() []Group {
-	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits}
+	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits, GroupCluster}
 }
 
 // title is the heading of a group's section in Usage and the README.
@@ -109,6 +110,8 @@ func (g Group) title() string {
 		return "Agent relay"
 	case GroupLimits:
 		return "Limits (applied to every listener)"
+	case GroupCluster:
+		return "Cluster mode (shared state in NATS JetStream; unset: a single node on Pebble)"
 	}
 	return string(g)
 }
@@ -260,8 +263,37 @@ func table() []Setting {
 	add(GroupLimits, EnvMaxHeaderBytes, KindInt, "8192",
 		"Largest request header block in bytes; a larger request is refused.")
 
+	add(GroupCluster, EnvNodeName, KindString, "",
+		"This node's name, unique in the cluster and the same across its restarts (JetStream places replicas by it); empty: the host name.")
+	add(GroupCluster, EnvNATSURL, KindString, "",
+		"Comma-separated client URLs of an external NATS cluster with JetStream (nats://host:4222,...): set means cluster mode.")
+	add(GroupCluster, EnvNATSCreds, KindString, "",
+		"NATS credentials file (.creds) for RELAY_NATS_URL.")
+	add(GroupCluster, EnvNATSTLSCA, KindString, "",
+		"PEM file of the CA that signed the NATS servers' certificates, for tls:// URLs in RELAY_NATS_URL.")
+	add(GroupCluster, EnvNATSEmbedListen, KindAddr, "",
+		"Client address of a nats-server started inside this process (its JetStream store in <data dir>/nats; the node itself connects in-process): set means cluster mode. Keep it on loopback or a private network.")
+	add(GroupCluster, EnvNATSEmbedClusterListen, KindAddr, "",
+		"Route address of the embedded nats-server, where the other nodes' servers connect (needed with RELAY_NATS_EMBED_LISTEN).")
+	add(GroupCluster, EnvNATSEmbedRoutes, KindString, "",
+		"Comma-separated nats-route://host:port of the embedded servers of the cluster (this node's own may be listed too, so every node can get the same list).")
+	add(GroupCluster, EnvNATSReplicas, KindInt, "3",
+		"Replicas of every stream and bucket: an acknowledged write is fsynced on a majority of them. Must agree on every node.")
+
 	return t
 }
+
+// Cluster-mode settings.
+const (
+	EnvNodeName               = "RELAY_NODE_NAME"
+	EnvNATSURL                = "RELAY_NATS_URL"
+	EnvNATSCreds              = "RELAY_NATS_CREDS"
+	EnvNATSTLSCA              = "RELAY_NATS_TLS_CA"
+	EnvNATSEmbedListen        = "RELAY_NATS_EMBED_LISTEN"
+	EnvNATSEmbedClusterListen = "RELAY_NATS_EMBED_CLUSTER_LISTEN"
+	EnvNATSEmbedRoutes        = "RELAY_NATS_EMBED_ROUTES"
+	EnvNATSReplicas           = "RELAY_NATS_REPLICAS"
+)
 
 // Environment names the code refers to. The table above is the authority on
 // what exists; these constants only spare callers from typing strings.

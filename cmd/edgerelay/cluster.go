@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+
+	"edgerelay/cmd/edgerelay/config"
+	"edgerelay/fastpath/agent"
+	"edgerelay/store/cluster"
+	"edgerelay/store/natsembed"
+)
+
+// openCluster connects this node to the cluster's shared store: the
+// embedded nats-server (started here, its store in <data dir>/nats) or an
+// external NATS cluster. It returns only once JetStream answers, logging
+// while it waits: a node never serves as a single node by accident. ctx
+// ends the wait (SIGTERM during the start).
+func openCluster(ctx context.Context, cfg config.Config, log *slog.Logger) (*cluster.Cluster, error) {
+	cc := cfg.Cluster
+	c := cluster.Config{
+		NodeName: cc.NodeName, URLs: cc.URLs, CredsFile: cc.CredsFile, TLSCA: cc.TLSCA,
+		Replicas: cc.Replicas,
+	}
+	if cc.EmbedListen != "" {
+		c.Embed = &natsembed.Config{
+			NodeName: cc.NodeName, ClientListen: cc.EmbedListen, ClusterListen: cc.EmbedClusterListen,
+			Routes: cc.EmbedRoutes, StoreDir: filepath.Join(cfg.DataDir, "nats"), Replicas: cc.Replicas,
+		}
+	}
+	cl, err := cluster.Open(ctx, c, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.Agree(ctx, sharedSettings(cfg)); err != nil {
+		_ = cl.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// sharedSettings are the settings every node must run with the same
+// value, because a client that reaches two nodes would otherwise get two
+// answers: the TURN secret (credentials minted on one node are checked on
+// another), the mailbox apps and limits, the push gateway's limits and key
+// layout, and the replica count. Typed values are compared, so "720h" and
+// "720h0m0s" agree. Per-node settings (listen addresses, connection
+// limits, queue bounds, certificates) may differ.
+func sharedSettings(cfg config.Config) []cluster.Setting {
+	s := func(name, v string) cluster.Setting { return cluster.Setting{Name: name, Value: v} }
+	itoa := strconv.Itoa
+	budget := "unmetered"
+	if cfg.Gateway.Metered {
+		budget = itoa(cfg.Gateway.DailyBudget)
+	}
+	return []cluster.Setting{
+		s(config.EnvNATSReplicas, itoa(cfg.Cluster.Replicas)),
+		s(config.EnvTURNSecret, cfg.TURN.Secret.Reveal()),
+		s(config.EnvTURNRealm, cfg.TURN.Realm),
+		s(config.EnvApps, cfg.Mailbox.Apps),
+		s(config.EnvIdle, cfg.Mailbox.Idle.String()),
+		s(config.EnvMaxEnvelope, itoa(cfg.Mailbox.MaxEnvelope)),
+		s(config.EnvMaxStored, itoa(cfg.Mailbox.MaxStored)),
+		s(config.EnvMaxStoredBytes, itoa(cfg.Mailbox.MaxStoredBytes)),
+		s(config.EnvPushRatePerMinute, itoa(cfg.Gateway.RatePerMinute)),
+		s(config.EnvPushDailyBudget, budget),
+		s(config.EnvPushSeparateKeys, strconv.FormatBool(cfg.Gateway.SeparateKeys)),
+		s(config.EnvPushRegistration, strconv.FormatBool(cfg.Gateway.Registration)),
+	}
+}
+
+// clusterAgentKey makes this node's agent relay signing key the cluster's
+// one key (runtimes pin it, whichever node they reach): the first node
+// publishes its key (or a new one), the others adopt it into their data
+// dir. A node with a key file of its own that is not the cluster's refuses
+// to start: switching keys would unpair every runtime that pinned it.
+func clusterAgentKey(ctx context.Context, cl *cluster.Cluster, dataDir string) error {
+	local, err := agent.KeyPEM(dataDir)
+	if err != nil {
+		return err
+	}
+	shared, err := cl.SharedSecret(ctx, "agent_relay_key", local, agent.NewKeyPEM)
+	if errors.Is(err, cluster.ErrSecretDiffers) {
+		return fmt.Errorf("the agent relay signing key %s is not the cluster's: runtimes pinned to one of the two would be refused by the other; move this file away to adopt the cluster's key (runtimes paired with this node's key must pair again), or bring this node's state in with edgerelay cluster import", filepath.Join(dataDir, agent.KeyFile))
+	}
+	if err != nil {
+		return err
+	}
+	if local == nil {
+		if err := agent.InstallKey(dataDir, shared); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unavailable is the node's readiness in cluster mode: its own disk (the
+// data dir still holds the TLS files, the agent key and, for an embedded
+// server, the JetStream store) and the shared store's quorum.
+func (r *relay) unavailable() error {
+	if err := r.db.Unavailable(); err != nil {
+		return err
+	}
+	return r.cluster.Unavailable()
+}
+
+// clusterServices refuses the services whose state is not shared through
+// the cluster yet: running them on this node's own store behind a balancer
+// would hand out one claim twice and lose writes made through another node.
+func clusterServices(cfg config.Config) error {
+	for _, s := range []config.Service{config.Mailbox, config.Channel, config.Agent, config.PushFCM, config.PushAPNs} {
+		if cfg.Listeners[s].On() && !sharesState(s) {
+			return fmt.Errorf("cluster mode: the %s service does not share its state across nodes yet; turn it off on cluster nodes (%s=)", s, s.ListenEnv())
+		}
+	}
+	return nil
+}
+
+// sharesState reports whether a service's durable state has a cluster
+// backend (TURN has none to share: its credentials are stateless).
+func sharesState(s config.Service) bool {
+	switch s {
+	default:
+		return false
+	}
+}
