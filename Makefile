@@ -4,10 +4,15 @@ FUZZPKG ?= ./...
 # make soak: the reliability tests through the binary, SOAK times longer.
 SOAK ?= 10
 
-.PHONY: run build test bench fuzz soak
+.PHONY: run build test bench fuzz soak cluster
 
 run:
 	$(GO) run ./cmd/edgerelay serve
+
+# make cluster: three cluster-mode nodes with embedded NATS on loopback
+# (scripts/cluster.sh says which ports); Ctrl-C stops them.
+cluster:
+	bash scripts/cluster.sh
 
 build:
 	$(GO) build -o bin/edgerelay ./cmd/edgerelay
