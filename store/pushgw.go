@@ -265,6 +265,9 @@ type PushGateway struct {
 	stripes [claimStripes]claimStripe
 
 	budget budgetState
+
+	ratesMu sync.Mutex
+	rates   map[string]localRate // RateLimiter's families by name
 }
 
 // claimStripe holds the claims of its tokens that have sends in flight.
@@ -896,24 +899,42 @@ func (g *PushGateway) FlushBudget() error {
 
 // ---- minute limits ----
 
-// RateLimiter returns a fresh family of minute limits held in this
+// RateLimiter returns the family name of minute limits, held in this
 // process: the only one that serves this store, so its buckets are exact
-// (GCRA, lock-free and allocation-free for a known key).
+// (GCRA, lock-free and allocation-free for a known key). Asking again for
+// a name returns the same family, as every node of a cluster gets the
+// same one; with another rate it is an error.
 func (g *PushGateway) RateLimiter(name string, perMinute int) (PushRateLimiter, error) {
 	if perMinute < 1 {
 		return nil, fmt.Errorf("store: rate limit %s: %d a minute: want at least 1", name, perMinute)
+	}
+	g.ratesMu.Lock()
+	defer g.ratesMu.Unlock()
+	if l, ok := g.rates[name]; ok {
+		if l.perMinute != perMinute {
+			return nil, fmt.Errorf("store: rate limit %s: %d a minute, already %d", name, perMinute, l.perMinute)
+		}
+		return l, nil
 	}
 	set, err := bucket.NewSet(bucket.Config{Burst: perMinute, Interval: time.Minute / time.Duration(perMinute)})
 	if err != nil {
 		return nil, fmt.Errorf("store: rate limit %s: %w", name, err)
 	}
-	return localRate{set}, nil
+	l := localRate{set: set, perMinute: perMinute}
+	if g.rates == nil {
+		g.rates = make(map[string]localRate)
+	}
+	g.rates[name] = l
+	return l, nil
 }
 
 // localRate keys its buckets by the first 8 bytes of the digest: uniform,
 // and what the gateway's per-key buckets were keyed by before the limits
 // moved behind the store.
-type localRate struct{ set *bucket.Set }
+type localRate struct {
+	set       *bucket.Set
+	perMinute int
+}
 
 func (l localRate) Take(key Hash, now time.Time) (bool, error) {
 	ok, _ := l.set.Take(binary.LittleEndian.Uint64(key[:8]), now.UnixNano())
