@@ -131,6 +131,27 @@ func Agent(t *testing.T, handles []store.AgentRecords) {
 		}
 	})
 
+	t.Run("HostileIDsAreUnknown", func(t *testing.T) {
+		// Operators' commands name ids: anything must read as unknown.
+		for _, id := range []string{"", "a.b", "../x", "*", ">", "a b", strings.Repeat("x", 10000)} {
+			if _, err := r.next().Instance(id); !errors.Is(err, store.ErrUnknownInstance) {
+				t.Fatalf("instance %.20q: %v", id, err)
+			}
+			if _, err := r.next().RevokeInstance(id); !errors.Is(err, store.ErrUnknownInstance) {
+				t.Fatalf("revoke %.20q: %v", id, err)
+			}
+			if _, err := r.next().Account(id); !errors.Is(err, store.ErrUnknownAccount) {
+				t.Fatalf("account %.20q: %v", id, err)
+			}
+			if _, err := r.next().AccountByName(id); !errors.Is(err, store.ErrUnknownAccount) {
+				t.Fatalf("account by name %.20q: %v", id, err)
+			}
+			if err := r.next().AddPairingKey(hash("hostile-pk"), id, now, now.Add(time.Hour)); !errors.Is(err, store.ErrUnknownAccount) {
+				t.Fatalf("pairing key for account %.20q: %v", id, err)
+			}
+		}
+	})
+
 	t.Run("ListsOrdered", func(t *testing.T) {
 		for _, n := range []string{"c", "a", "b"} {
 			account(t, "ord-acc-"+n, "ord-"+n)

@@ -75,6 +75,8 @@ type Store struct {
 	c      *cluster.Cluster
 	kv     jetstream.KeyValue
 	stream jetstream.Stream
+	// staleAfter is the constant staleAfter; tests shorten it.
+	staleAfter time.Duration
 }
 
 var _ store.AgentRecords = (*Store)(nil)
@@ -89,7 +91,7 @@ func New(ctx context.Context, c *cluster.Cluster) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agentkv: %w", cluster.Fail("bind stream of "+Bucket, err))
 	}
-	return &Store{c: c, kv: kv, stream: st}, nil
+	return &Store{c: c, kv: kv, stream: st, staleAfter: staleAfter}, nil
 }
 
 // The JSON records (the fields the Pebble store keeps).
@@ -260,7 +262,7 @@ func (s *Store) takeName(ctx context.Context, id, name string) (uint64, error) {
 		return 0, exists
 	case !found && holder == id:
 		return e.Revision(), nil // our own add, crashed before its record
-	case !found && time.Since(e.Created()) < staleAfter:
+	case !found && time.Since(e.Created()) < s.staleAfter:
 		return 0, exists
 	}
 	rev, err := s.kv.Update(ctx, nameKey(name), []byte(id), e.Revision())
@@ -620,6 +622,9 @@ func (s *Store) Instances() ([]store.AgentInstance, error) {
 func (s *Store) RevokeInstance(id string) (store.AgentInstance, error) {
 	if err := s.writable("revoke instance"); err != nil {
 		return store.AgentInstance{}, err
+	}
+	if !validID(id) {
+		return store.AgentInstance{}, fmt.Errorf("%w: %q", store.ErrUnknownInstance, id)
 	}
 	ctx, cancel := cluster.Context()
 	defer cancel()

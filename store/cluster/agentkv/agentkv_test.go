@@ -1,23 +1,28 @@
-package agentkv_test
+package agentkv
 
 import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"edgerelay/store"
-	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/storetest"
 )
 
 // open returns one agent store per running node of nodes.
-func open(t *testing.T, nodes *clustertest.Nodes) []*agentkv.Store {
+func open(t *testing.T, nodes *clustertest.Nodes) []*Store {
 	t.Helper()
-	var out []*agentkv.Store
+	var out []*Store
 	for i := range nodes.Len() {
 		if nodes.Node(i) == nil {
 			continue
 		}
-		s, err := agentkv.New(clustertest.Context(t), nodes.Node(i))
+		s, err := New(clustertest.Context(t), nodes.Node(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +31,7 @@ func open(t *testing.T, nodes *clustertest.Nodes) []*agentkv.Store {
 	return out
 }
 
-func asRecords(ss []*agentkv.Store) []store.AgentRecords {
+func asRecords(ss []*Store) []store.AgentRecords {
 	out := make([]store.AgentRecords, len(ss))
 	for i, s := range ss {
 		out[i] = s
@@ -34,9 +39,277 @@ func asRecords(ss []*agentkv.Store) []store.AgentRecords {
 	return out
 }
 
+func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }
+
 // TestAgentContract runs the agent records' contract across 3 nodes, each
 // call through the next node.
 func TestAgentContract(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
 	storetest.Agent(t, asRecords(open(t, nodes)))
+}
+
+// TestClusterAgent: redemptions racing through the three nodes at one
+// instant, revocation seen by every node at once, and the leftovers of a
+// node that crashed between two writes.
+func TestClusterAgent(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	ss := open(t, nodes)
+	now := time.Unix(1700000000, 0).UTC()
+	if err := ss[0].AddAccount("acc", "alice", hash("client"), now); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("PairingKeyThroughThreeNodesManyRounds", func(t *testing.T) {
+		const rounds = 25
+		for round := range rounds {
+			key := fmt.Sprint("pk", round)
+			if err := ss[round%3].AddPairingKey(hash(key), "acc", now, now.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			var wins, used atomic.Int32
+			var winner atomic.Int32
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i, s := range ss {
+				wg.Go(func() {
+					<-start
+					_, err := s.RedeemPairingKey(hash(key), fmt.Sprint(key, "-i", i), "n", hash(fmt.Sprint(key, "t", i)), now)
+					switch {
+					case err == nil:
+						wins.Add(1)
+						winner.Store(int32(i))
+					case errors.Is(err, store.ErrPairingUsed):
+						used.Add(1)
+					default:
+						t.Error(err)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if wins.Load() != 1 || used.Load() != 2 {
+				t.Fatalf("round %d: wins %d used %d", round, wins.Load(), used.Load())
+			}
+			for i := range ss {
+				_, err := ss[(i+1)%3].InstanceByToken(hash(fmt.Sprint(key, "t", i)))
+				if (int32(i) == winner.Load()) != (err == nil) {
+					t.Fatalf("round %d: instance token %d: %v", round, i, err)
+				}
+			}
+		}
+		insts, err := ss[1].Instances()
+		if err != nil || len(insts) != rounds {
+			t.Fatalf("%d instances from %d keys: %v", len(insts), rounds, err)
+		}
+	})
+
+	t.Run("RevocationSeenByEveryNodeAtOnce", func(t *testing.T) {
+		if err := ss[0].AddPairingKey(hash("rev-pk"), "acc", now, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[1].RedeemPairingKey(hash("rev-pk"), "rev-i", "n", hash("rev-t"), now); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range ss {
+			if _, err := s.InstanceByToken(hash("rev-t")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := ss[2].RevokeInstance("rev-i"); err != nil {
+			t.Fatal(err)
+		}
+		// No wait: the very next read on each node refuses the token.
+		for i, s := range ss {
+			if _, err := s.InstanceByToken(hash("rev-t")); !errors.Is(err, store.ErrUnknownToken) {
+				t.Fatalf("node %d after revoke: %v", i, err)
+			}
+		}
+	})
+
+	ctx := clustertest.Context(t)
+	s := ss[1]
+
+	t.Run("FailedInstanceGivesTheKeyBack", func(t *testing.T) {
+		if err := s.AddPairingKey(hash("back-pk"), "acc", now, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		// The instance's writes fail after the spend (here: its token hint
+		// is taken).
+		if _, err := s.kv.Create(ctx, instTokenKey(hash("back-t")), []byte("other")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[0].RedeemPairingKey(hash("back-pk"), "back-i", "n", hash("back-t"), now); err == nil {
+			t.Fatal("redeemed with a taken token hint")
+		}
+		if _, err := ss[2].Instance("back-i"); !errors.Is(err, store.ErrUnknownInstance) {
+			t.Fatalf("instance of a failed redemption: %v", err)
+		}
+		if _, err := ss[2].RedeemPairingKey(hash("back-pk"), "back-i2", "n", hash("back-t2"), now); err != nil {
+			t.Fatalf("retry after the key was given back: %v", err)
+		}
+	})
+
+	t.Run("SpentKeyWithoutInstance", func(t *testing.T) {
+		// A node spent the key, then crashed before the instance: the key
+		// stays spent (never two instances), and nothing answers for it.
+		raw, _ := marshal(pairingRecord{Account: "acc", Created: now, Expires: now.Add(time.Hour), Used: true, Instance: "lost-i"})
+		if _, err := s.kv.Create(ctx, pairingKey(hash("lost-pk")), raw); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[0].RedeemPairingKey(hash("lost-pk"), "lost-i2", "n", hash("lost-t2"), now); !errors.Is(err, store.ErrPairingUsed) {
+			t.Fatalf("redeem of a spent key: %v", err)
+		}
+		if _, err := ss[2].Instance("lost-i"); !errors.Is(err, store.ErrUnknownInstance) {
+			t.Fatalf("instance: %v", err)
+		}
+	})
+
+	t.Run("HintsWithoutRecordsReachNothing", func(t *testing.T) {
+		// Token hints written, records never: a crash between the writes.
+		if _, err := s.kv.Create(ctx, instTokenKey(hash("orphan-t")), []byte("orphan-i")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[0].InstanceByToken(hash("orphan-t")); !errors.Is(err, store.ErrUnknownToken) {
+			t.Fatalf("instance token without instance: %v", err)
+		}
+		if _, err := s.kv.Create(ctx, clientKey(hash("orphan-c")), []byte("orphan-acc")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[0].AccountByClientToken(hash("orphan-c")); !errors.Is(err, store.ErrUnknownToken) {
+			t.Fatalf("client token without account: %v", err)
+		}
+		// The stale client hint is taken over by the next account.
+		if err := ss[2].AddAccount("orphan-acc2", "orphan-bob", hash("orphan-c"), now); err != nil {
+			t.Fatalf("add over a stale client hint: %v", err)
+		}
+		if a, err := ss[0].AccountByClientToken(hash("orphan-c")); err != nil || a.ID != "orphan-acc2" {
+			t.Fatalf("client token: %+v %v", a, err)
+		}
+	})
+
+	t.Run("NameReservationWithoutRecord", func(t *testing.T) {
+		if _, err := s.kv.Create(ctx, nameKey("carol"), []byte("carol-0")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss[0].AccountByName("carol"); !errors.Is(err, store.ErrUnknownAccount) {
+			t.Fatalf("by name: %v", err)
+		}
+		// Young, it is an add in flight.
+		if err := ss[0].AddAccount("carol-1", "carol", hash("carol-c1"), now); !errors.Is(err, store.ErrAccountExists) {
+			t.Fatalf("add during a reservation in flight: %v", err)
+		}
+		// The crashed add's own retry finishes it.
+		if err := ss[2].AddAccount("carol-0", "carol", hash("carol-c0"), now); err != nil {
+			t.Fatalf("retry of the crashed add: %v", err)
+		}
+		if a, err := ss[0].AccountByName("carol"); err != nil || a.ID != "carol-0" {
+			t.Fatalf("by name: %+v %v", a, err)
+		}
+		// Old, it is stale and taken over.
+		if _, err := s.kv.Create(ctx, nameKey("dave"), []byte("dave-0")); err != nil {
+			t.Fatal(err)
+		}
+		ss[0].staleAfter = 0
+		defer func() { ss[0].staleAfter = staleAfter }()
+		if err := ss[0].AddAccount("dave-1", "dave", hash("dave-c1"), now); err != nil {
+			t.Fatalf("add over a stale reservation: %v", err)
+		}
+		if a, err := ss[1].AccountByName("dave"); err != nil || a.ID != "dave-1" {
+			t.Fatalf("by name: %+v %v", a, err)
+		}
+	})
+}
+
+// TestClusterAgentRestartAndQuorumLoss: a restarted node serves everything
+// committed before; with 2 of 3 nodes stopped every write fails with
+// store.ErrUnavailable and no read of committed data says "not found".
+func TestClusterAgentRestartAndQuorumLoss(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	ss := open(t, nodes)
+	now := time.Unix(1700000000, 0).UTC()
+	if err := ss[0].AddAccount("acc", "alice", hash("client"), now); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"pk1", "pk2"} {
+		if err := ss[1].AddPairingKey(hash(k), "acc", now, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ss[2].RedeemPairingKey(hash("pk1"), "inst", "n", hash("itok"), now); err != nil {
+		t.Fatal(err)
+	}
+
+	nodes.Stop(0)
+	nodes.Restart(0)
+	s0 := open(t, nodes)[0]
+	if _, err := s0.RedeemPairingKey(hash("pk1"), "inst2", "n", hash("itok2"), now); !errors.Is(err, store.ErrPairingUsed) {
+		t.Fatalf("redeem after restart: %v", err)
+	}
+	if a, err := s0.AccountByClientToken(hash("client")); err != nil || a.Name != "alice" {
+		t.Fatalf("client token after restart: %+v %v", a, err)
+	}
+	if in, err := s0.InstanceByToken(hash("itok")); err != nil || in.ID != "inst" {
+		t.Fatalf("instance token after restart: %+v %v", in, err)
+	}
+
+	nodes.Stop(1)
+	nodes.Stop(2)
+	checkWrites := func(t *testing.T) {
+		t.Helper()
+		var wg sync.WaitGroup
+		for name, write := range map[string]func() error{
+			"add account": func() error { return s0.AddAccount("acc2", "bob", hash("client2"), now) },
+			"add pairing": func() error { return s0.AddPairingKey(hash("pk3"), "acc", now, now.Add(time.Hour)) },
+			"redeem": func() error {
+				_, err := s0.RedeemPairingKey(hash("pk2"), "inst3", "n", hash("itok3"), now)
+				return err
+			},
+			"revoke": func() error { _, err := s0.RevokeInstance("inst"); return err },
+		} {
+			wg.Go(func() {
+				if err := write(); !errors.Is(err, store.ErrUnavailable) {
+					t.Errorf("%s without quorum: %v", name, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	checkWrites(t) // the node may not know yet: the writes time out
+	deadline := time.Now().Add(10 * time.Second)
+	for nodes.Node(0).Unavailable() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("readiness still says available without quorum")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	checkWrites(t) // refused without a round trip
+	var wg sync.WaitGroup
+	for name, read := range map[string]func() error{
+		"account":         func() error { _, err := s0.Account("acc"); return err },
+		"by name":         func() error { _, err := s0.AccountByName("alice"); return err },
+		"by client token": func() error { _, err := s0.AccountByClientToken(hash("client")); return err },
+		"instance":        func() error { _, err := s0.Instance("inst"); return err },
+		"by token":        func() error { _, err := s0.InstanceByToken(hash("itok")); return err },
+		"accounts": func() error {
+			as, err := s0.Accounts()
+			if err == nil && len(as) != 1 {
+				return fmt.Errorf("%d of 1 committed accounts listed", len(as))
+			}
+			return err
+		},
+		"instances": func() error {
+			is, err := s0.Instances()
+			if err == nil && len(is) != 1 {
+				return fmt.Errorf("%d of 1 committed instances listed", len(is))
+			}
+			return err
+		},
+	} {
+		wg.Go(func() {
+			if err := read(); err != nil && !errors.Is(err, store.ErrUnavailable) {
+				t.Errorf("%s without quorum: %v", name, err)
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -74,6 +74,8 @@ type Claims struct {
 	c      *cluster.Cluster
 	kv     jetstream.KeyValue
 	stream jetstream.Stream
+	// staleAfter is the constant staleAfter; tests shorten it.
+	staleAfter time.Duration
 }
 
 var _ store.ChannelClaimStore = (*Claims)(nil)
@@ -88,7 +90,7 @@ func New(ctx context.Context, c *cluster.Cluster) (*Claims, error) {
 	if err != nil {
 		return nil, fmt.Errorf("channelkv: %w", cluster.Fail("bind stream of "+Bucket, err))
 	}
-	return &Claims{c: c, kv: kv, stream: st}, nil
+	return &Claims{c: c, kv: kv, stream: st, staleAfter: staleAfter}, nil
 }
 
 // record is the JSON at claim.<k> (the same fields the Pebble store keeps).
@@ -253,7 +255,7 @@ func (s *Claims) takeHost(ctx context.Context, h store.Hash, host, resKey string
 			// Our own earlier add that crashed before its record: finish it.
 			return e.Revision(), nil
 		}
-		if rec == nil && time.Since(e.Created()) < staleAfter {
+		if rec == nil && time.Since(e.Created()) < s.staleAfter {
 			return 0, exists
 		}
 	}

@@ -1,23 +1,28 @@
-package channelkv_test
+package channelkv
 
 import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"edgerelay/store"
-	"edgerelay/store/cluster/channelkv"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/storetest"
 )
 
 // open returns one claim store per running node of nodes.
-func open(t *testing.T, nodes *clustertest.Nodes) []*channelkv.Claims {
+func open(t *testing.T, nodes *clustertest.Nodes) []*Claims {
 	t.Helper()
-	var out []*channelkv.Claims
+	var out []*Claims
 	for i := range nodes.Len() {
 		if nodes.Node(i) == nil {
 			continue
 		}
-		c, err := channelkv.New(clustertest.Context(t), nodes.Node(i))
+		c, err := New(clustertest.Context(t), nodes.Node(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +31,7 @@ func open(t *testing.T, nodes *clustertest.Nodes) []*channelkv.Claims {
 	return out
 }
 
-func asStores(cs []*channelkv.Claims) []store.ChannelClaimStore {
+func asStores(cs []*Claims) []store.ChannelClaimStore {
 	out := make([]store.ChannelClaimStore, len(cs))
 	for i, c := range cs {
 		out[i] = c
@@ -34,9 +39,304 @@ func asStores(cs []*channelkv.Claims) []store.ChannelClaimStore {
 	return out
 }
 
+func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }
+
 // TestChannelContract runs the claim store contract across 3 nodes, each
 // call through the next node.
 func TestChannelContract(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
 	storetest.Channel(t, asStores(open(t, nodes)))
+}
+
+// TestClusterClaims: races through the three nodes at one instant, and the
+// leftovers of a node that crashed between two writes.
+func TestClusterClaims(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	cs := open(t, nodes)
+	now := time.Unix(1700000000, 0).UTC()
+
+	t.Run("SameKeyThroughThreeNodesManyRounds", func(t *testing.T) {
+		for round := range 25 {
+			key := fmt.Sprint("r", round)
+			if err := cs[round%3].AddKey(hash(key), "host-"+key, now); err != nil {
+				t.Fatal(err)
+			}
+			var wins, used atomic.Int32
+			var winner atomic.Int32
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i, c := range cs {
+				wg.Go(func() {
+					<-start
+					_, err := c.Claim(hash(key), hash(fmt.Sprint(key, "o", i)), hash(fmt.Sprint(key, "p", i)), now)
+					switch {
+					case err == nil:
+						wins.Add(1)
+						winner.Store(int32(i))
+					case errors.Is(err, store.ErrKeyUsed):
+						used.Add(1)
+					default:
+						t.Error(err)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if wins.Load() != 1 || used.Load() != 2 {
+				t.Fatalf("round %d: wins %d used %d", round, wins.Load(), used.Load())
+			}
+			w := winner.Load()
+			for i := range cs {
+				k, err := cs[(i+1)%3].ByOwner(hash(fmt.Sprint(key, "o", i)))
+				if int32(i) == w && (err != nil || k.Hash != hash(key)) {
+					t.Fatalf("round %d: winner's owner token: %v", round, err)
+				}
+				if int32(i) != w && !errors.Is(err, store.ErrUnknownToken) {
+					t.Fatalf("round %d: loser's owner token: %v", round, err)
+				}
+			}
+		}
+	})
+
+	t.Run("SameTokensTwoKeysThroughTwoNodes", func(t *testing.T) {
+		// Two computers racing with one owner token: at most one holds
+		// it, and the token reaches exactly the key whose claim won it.
+		for round := range 10 {
+			k1, k2 := fmt.Sprint("st1-", round), fmt.Sprint("st2-", round)
+			for _, k := range []string{k1, k2} {
+				if err := cs[0].AddKey(hash(k), "host-"+k, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tok := hash(fmt.Sprint("st-o", round))
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for i, k := range []string{k1, k2} {
+				wg.Go(func() { _, errs[i] = cs[i+1].Claim(hash(k), tok, hash(k+"p"), now) })
+			}
+			wg.Wait()
+			won := 0
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					won++
+					if k, err := cs[0].ByOwner(tok); err != nil || k.Hash != hash([]string{k1, k2}[i]) {
+						t.Fatalf("round %d: token reaches %+v %v", round, k, err)
+					}
+				case !errors.Is(err, store.ErrTokenInUse):
+					t.Fatalf("round %d: %v", round, err)
+				}
+			}
+			if won > 1 {
+				t.Fatalf("round %d: one token claimed for two computers", round)
+			}
+		}
+	})
+
+	ctx := clustertest.Context(t)
+	c := cs[1]
+
+	t.Run("HintsWithoutClaimReachNothing", func(t *testing.T) {
+		// A node wrote both hints, then crashed before the record's
+		// compare-and-set.
+		if err := c.AddKey(hash("crash-k"), "crash", now); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{ownerRole.key(hash("crash-o")), phoneRole.key(hash("crash-p"))} {
+			if _, err := c.kv.Create(ctx, key, hexValue(hash("crash-k"))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cs[2].ByOwner(hash("crash-o")); !errors.Is(err, store.ErrUnknownToken) {
+			t.Fatalf("owner token of an unfinished claim: %v", err)
+		}
+		if _, err := cs[2].ByPhone(hash("crash-p")); !errors.Is(err, store.ErrUnknownToken) {
+			t.Fatalf("phone token of an unfinished claim: %v", err)
+		}
+		// Until the claim settles, the token is in flight for others...
+		if err := c.AddKey(hash("crash-k2"), "crash2", now); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs[0].Claim(hash("crash-k2"), hash("crash-o"), hash("crash-x"), now); !errors.Is(err, store.ErrTokenInUse) {
+			t.Fatalf("token of a claim in flight: %v", err)
+		}
+		// ...and the computer's retry of the same claim settles it.
+		if _, err := cs[0].Claim(hash("crash-k"), hash("crash-o"), hash("crash-p"), now); err != nil {
+			t.Fatalf("retry: %v", err)
+		}
+		if k, err := cs[2].ByOwner(hash("crash-o")); err != nil || k.Host != "crash" {
+			t.Fatalf("owner after retry: %+v %v", k, err)
+		}
+		if k, err := cs[2].ByPhone(hash("crash-p")); err != nil || k.Host != "crash" {
+			t.Fatalf("phone after retry: %+v %v", k, err)
+		}
+	})
+
+	t.Run("StaleHintTakenOver", func(t *testing.T) {
+		// A claim that lost its race could not drop its hint: the hint
+		// names a key used with other tokens, so the token is free.
+		if err := c.AddKey(hash("stale-k"), "stale", now); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Claim(hash("stale-k"), hash("stale-winner-o"), hash("stale-winner-p"), now); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.kv.Create(ctx, ownerRole.key(hash("stale-o")), hexValue(hash("stale-k"))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs[0].ByOwner(hash("stale-o")); !errors.Is(err, store.ErrUnknownToken) {
+			t.Fatalf("stale hint: %v", err)
+		}
+		if err := c.AddKey(hash("stale-k2"), "stale2", now); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs[2].Claim(hash("stale-k2"), hash("stale-o"), hash("stale-p"), now); err != nil {
+			t.Fatalf("claim over a stale hint: %v", err)
+		}
+		if k, err := cs[0].ByOwner(hash("stale-o")); err != nil || k.Host != "stale2" {
+			t.Fatalf("owner: %+v %v", k, err)
+		}
+	})
+
+	t.Run("HostReservationWithoutRecord", func(t *testing.T) {
+		// A node reserved the host, then crashed before the key record.
+		if _, err := c.kv.Create(ctx, hostKey("orphan"), hexValue(hash("orphan-k0"))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs[0].Revoke("orphan"); !errors.Is(err, store.ErrUnknownHost) {
+			t.Fatalf("revoke of a host with no key: %v", err)
+		}
+		// Young, it is an add in flight.
+		if err := cs[0].AddKey(hash("orphan-k1"), "orphan", now); !errors.Is(err, store.ErrHostExists) {
+			t.Fatalf("add during a reservation in flight: %v", err)
+		}
+		// The crashed add's own retry finishes it.
+		if err := cs[2].AddKey(hash("orphan-k0"), "orphan", now); err != nil {
+			t.Fatalf("retry of the crashed add: %v", err)
+		}
+		if ok, err := cs[0].HasKey(hash("orphan-k0")); !ok || err != nil {
+			t.Fatalf("has key: %v %v", ok, err)
+		}
+		// Old, it is stale and taken over.
+		if _, err := c.kv.Create(ctx, hostKey("orphan2"), hexValue(hash("orphan2-k0"))); err != nil {
+			t.Fatal(err)
+		}
+		cs[0].staleAfter = 0
+		defer func() { cs[0].staleAfter = staleAfter }()
+		if err := cs[0].AddKey(hash("orphan2-k1"), "orphan2", now); err != nil {
+			t.Fatalf("add over a stale reservation: %v", err)
+		}
+		if k, ok := listed(t, cs[1], "orphan2"); !ok || k.Hash != hash("orphan2-k1") {
+			t.Fatalf("listed %+v %v", k, ok)
+		}
+	})
+}
+
+// TestClusterRestartAndQuorumLoss: a restarted node serves everything
+// committed before; with 2 of 3 nodes stopped every write fails with
+// store.ErrUnavailable and no read of committed data says "not found".
+func TestClusterRestartAndQuorumLoss(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	cs := open(t, nodes)
+	now := time.Unix(1700000000, 0).UTC()
+	if err := cs[0].AddKey(hash("k"), "alpha", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[1].AddKey(hash("k2"), "beta", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs[1].Claim(hash("k"), hash("o"), hash("p"), now); err != nil {
+		t.Fatal(err)
+	}
+
+	nodes.Stop(0)
+	nodes.Restart(0)
+	c0, err := New(clustertest.Context(t), nodes.Node(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c0.Claim(hash("k"), hash("o2"), hash("p2"), now); !errors.Is(err, store.ErrKeyUsed) {
+		t.Fatalf("claim after restart: %v", err)
+	}
+	if k, err := c0.ByOwner(hash("o")); err != nil || k.Host != "alpha" {
+		t.Fatalf("owner after restart: %+v %v", k, err)
+	}
+	if k, err := c0.ByPhone(hash("p")); err != nil || k.Host != "alpha" {
+		t.Fatalf("phone after restart: %+v %v", k, err)
+	}
+	if keys, err := c0.Keys(); err != nil || len(keys) != 2 {
+		t.Fatalf("keys after restart: %+v %v", keys, err)
+	}
+
+	// Quorum lost: only node 0 left.
+	nodes.Stop(1)
+	nodes.Stop(2)
+	checkWrites := func(t *testing.T) {
+		t.Helper()
+		var wg sync.WaitGroup
+		for name, write := range map[string]func() error{
+			"add":     func() error { return c0.AddKey(hash("k3"), "gamma", now) },
+			"claim":   func() error { _, err := c0.Claim(hash("k2"), hash("o3"), hash("p3"), now); return err },
+			"release": func() error { _, err := c0.Release(hash("o")); return err },
+			"revoke":  func() error { _, err := c0.Revoke("alpha"); return err },
+		} {
+			wg.Go(func() {
+				if err := write(); !errors.Is(err, store.ErrUnavailable) {
+					t.Errorf("%s without quorum: %v", name, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// At once (the node may not know yet: the writes time out)...
+	checkWrites(t)
+	// ...and once its readiness says so (refused without a round trip).
+	deadline := time.Now().Add(10 * time.Second)
+	for nodes.Node(0).Unavailable() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("readiness still says available without quorum")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	checkWrites(t)
+	var wg sync.WaitGroup
+	for name, read := range map[string]func() error{
+		"by owner": func() error { _, err := c0.ByOwner(hash("o")); return err },
+		"by phone": func() error { _, err := c0.ByPhone(hash("p")); return err },
+		"keys": func() error {
+			keys, err := c0.Keys()
+			if err == nil && len(keys) != 2 {
+				return fmt.Errorf("%d of 2 committed keys listed", len(keys))
+			}
+			return err
+		},
+		"has key": func() error {
+			ok, err := c0.HasKey(hash("k2"))
+			if err == nil && !ok {
+				return errors.New("committed key not found")
+			}
+			return err
+		},
+	} {
+		wg.Go(func() {
+			if err := read(); err != nil && !errors.Is(err, store.ErrUnavailable) {
+				t.Errorf("%s without quorum: %v", name, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func listed(t *testing.T, c *Claims, host string) (store.ChannelKey, bool) {
+	t.Helper()
+	keys, err := c.Keys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if k.Host == host {
+			return k, true
+		}
+	}
+	return store.ChannelKey{}, false
 }
