@@ -132,9 +132,9 @@ func (k keysClient) agent(method, suffix string, body any, want int, out any, of
 	if !errors.Is(err, errNoServer) {
 		return err
 	}
-	db, err := store.Open(k.dataDir, nil)
+	db, err := k.openOffline()
 	if err != nil {
-		return fmt.Errorf("no server answered at %s and the store cannot be opened: %w", k.adminAddr, err)
+		return err
 	}
 	ferr := offline(agent.Keys{Store: store.NewAgentStore(db)})
 	return errors.Join(ferr, db.Close())

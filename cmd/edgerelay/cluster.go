@@ -10,7 +10,10 @@ import (
 
 	"edgerelay/cmd/edgerelay/config"
 	"edgerelay/fastpath/agent"
+	"edgerelay/store"
 	"edgerelay/store/cluster"
+	"edgerelay/store/cluster/agentkv"
+	"edgerelay/store/cluster/channelkv"
 	"edgerelay/store/natsembed"
 )
 
@@ -123,7 +126,26 @@ func clusterServices(cfg config.Config) error {
 // backend (TURN has none to share: its credentials are stateless).
 func sharesState(s config.Service) bool {
 	switch s {
+	case config.Channel, config.Agent:
+		return true
 	default:
 		return false
 	}
+}
+
+// channelClaims is the private channel's durable state: this node's
+// Pebble store, or the cluster's.
+func (r *relay) channelClaims(ctx context.Context) (store.ChannelClaimStore, error) {
+	if r.cluster == nil {
+		return store.NewChannelClaims(r.db), nil
+	}
+	return channelkv.New(ctx, r.cluster)
+}
+
+// agentRecords is the agent relay's durable state, likewise.
+func (r *relay) agentRecords(ctx context.Context) (store.AgentRecords, error) {
+	if r.cluster == nil {
+		return store.NewAgentStore(r.db), nil
+	}
+	return agentkv.New(ctx, r.cluster)
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +32,9 @@ var clusterNodeEnv = []string{
 
 // startRelayCluster launches n nodes together (each waits for a quorum of
 // the others before it serves) and waits until every one has started.
-func startRelayCluster(t *testing.T, n int, env ...string) *relayCluster {
+// The services named listen on ports fixed for the test (a restarted node
+// comes back where the balancer expects it); the others are off.
+func startRelayCluster(t *testing.T, n int, services []string, env ...string) *relayCluster {
 	t.Helper()
 	c := &relayCluster{t: t}
 	var routes []string
@@ -46,6 +52,9 @@ func startRelayCluster(t *testing.T, n int, env ...string) *relayCluster {
 			"RELAY_NATS_EMBED_CLUSTER_LISTEN="+strings.TrimPrefix(routes[i], "nats-route://"),
 			"RELAY_NATS_EMBED_ROUTES="+strings.Join(routes, ","),
 		)
+		for _, svc := range services {
+			nodeEnv = append(nodeEnv, "RELAY_"+strings.ToUpper(strings.ReplaceAll(svc, "-", "_"))+"_LISTEN="+freePort(t))
+		}
 		prepare(t, s, append(nodeEnv, env...)...)
 		c.nodes = append(c.nodes, s)
 		started = append(started, s.launch())
@@ -111,7 +120,7 @@ func TestClusterNodesStartTogetherAndAgree(t *testing.T) {
 		t.Fatal("a node without its cluster opened its admin listener: it would serve on its own")
 	}
 
-	c := startRelayCluster(t, 3, "RELAY_TURN_SECRET=shared-secret")
+	c := startRelayCluster(t, 3, nil, "RELAY_TURN_SECRET=shared-secret")
 	for _, s := range c.nodes {
 		waitReadyz(t, s, http.StatusOK, 30*time.Second)
 	}
@@ -159,4 +168,143 @@ func TestClusterNodesStartTogetherAndAgree(t *testing.T) {
 	healed := time.Since(back)
 	waitReadyz(t, joined, http.StatusOK, 30*time.Second)
 	t.Logf("a node back: /readyz 200 on the survivor after %s", healed.Round(100*time.Millisecond))
+}
+
+// nodeEnv is the environment of a key command run against node i's admin
+// listener, with the cluster settings (so that it never falls back to the
+// data dir's own store).
+func (c *relayCluster) nodeEnv(i int) []string {
+	return []string{"RELAY_DATA_DIR=" + c.nodes[i].dataDir, "RELAY_ADMIN_LISTEN=" + c.nodes[i].addrs["admin"], "RELAY_NATS_URL=nats://" + c.nats[i]}
+}
+
+// freshClient opens a new connection per request, so that behind the
+// round-robin balancer consecutive requests reach different nodes.
+func freshClient(tlsCfg *tls.Config) *http.Client {
+	return &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsCfg}}
+}
+
+// TestClusterChannelAndAgentKeysAcrossNodes: the durable state of the
+// private channel and the agent relay is one across three nodes behind
+// HAProxy: keys minted through one node's admin listener work through
+// every node, a claim key raced through the balancer is won once, a
+// pairing key is redeemed once, every node signs with the one agent key,
+// and key commands never fall back to a data dir's own store.
+func TestClusterChannelAndAgentKeysAcrossNodes(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"channel", "agent"})
+	lb := startHAProxy(t, c, "channel", "agent")
+
+	// Channel: a key added through node 0, claimed by 6 racing clients.
+	key := lastLine(cliOK(t, c.nodeEnv(0), "keys", "channel", "add", "--host", "box"))
+	type claimed struct {
+		status       int
+		owner, phone string
+	}
+	results := make(chan claimed, 6)
+	for range 6 {
+		go func() {
+			owner, phone := randHex(t), randHex(t)
+			body := fmt.Sprintf(`{"ownerToken":%q,"phoneToken":%q}`, owner, phone)
+			req, _ := http.NewRequest("POST", "http://"+lb.addrs["channel"]+"/claim", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			resp, err := freshClient(nil).Do(req)
+			if err != nil {
+				results <- claimed{status: -1}
+				return
+			}
+			resp.Body.Close()
+			results <- claimed{resp.StatusCode, owner, phone}
+		}()
+	}
+	var won claimed
+	for range 6 {
+		r := <-results
+		switch r.status {
+		case http.StatusOK:
+			if won.status != 0 {
+				t.Fatal("one claim key was won twice through the balancer")
+			}
+			won = r
+		case http.StatusConflict:
+		default:
+			t.Fatalf("racing claim: %d, want 200 once and 409 for the rest", r.status)
+		}
+	}
+	if won.status != http.StatusOK {
+		t.Fatal("no racing claim won")
+	}
+	// The owner token works through every node.
+	for i, n := range c.nodes {
+		req, _ := http.NewRequest("GET", "http://"+n.addrs["channel"]+"/status", nil)
+		req.Header.Set("Authorization", "Bearer "+won.owner)
+		resp, err := freshClient(nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status with the owner token through node %d: %d", i, resp.StatusCode)
+		}
+	}
+	if out := cliOK(t, c.nodeEnv(2), "keys", "channel", "list"); !strings.Contains(out, "box") {
+		t.Fatalf("keys channel list through node 2:\n%s", out)
+	}
+
+	// Agent: one relay key on every node; an account through node 1, its
+	// pairing key through node 2, redeemed by 3 racing runtimes.
+	relayKey := lastLine(cliOK(t, c.nodeEnv(0), "keys", "agent", "relay-key"))
+	for i := 1; i < 3; i++ {
+		if k := lastLine(cliOK(t, c.nodeEnv(i), "keys", "agent", "relay-key")); k != relayKey {
+			t.Fatalf("node %d signs with %s, node 0 with %s", i, k, relayKey)
+		}
+	}
+	cliOK(t, c.nodeEnv(1), "keys", "agent", "account", "add", "alice")
+	pairKey := lastLine(cliOK(t, c.nodeEnv(2), "keys", "agent", "pair-key", "alice"))
+	pool := x509.NewCertPool()
+	for _, n := range c.nodes { // each node has its own development certificate
+		caPEM, err := os.ReadFile(filepath.Join(n.dataDir, "tls", "ca.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.AppendCertsFromPEM(caPEM)
+	}
+	tlsCfg := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13}
+	codes := make(chan int, 3)
+	for range 3 {
+		go func() {
+			body := fmt.Sprintf(`{"key":%q,"instance_name":"box"}`, pairKey)
+			resp, err := freshClient(tlsCfg).Post("https://"+lb.addrs["agent"]+"/v1/pair/redeem", "application/json", strings.NewReader(body))
+			if err != nil {
+				codes <- -1
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	redeemed := 0
+	for range 3 {
+		switch code := <-codes; code {
+		case http.StatusOK:
+			redeemed++
+		case http.StatusForbidden:
+		default:
+			t.Fatalf("racing redeem: %d", code)
+		}
+	}
+	if redeemed != 1 {
+		t.Fatalf("a pairing key raced through the balancer was redeemed %d times", redeemed)
+	}
+	if out := cliOK(t, c.nodeEnv(0), "keys", "agent", "instance", "list"); !strings.Contains(out, "box") {
+		t.Fatalf("instance list through node 0:\n%s", out)
+	}
+
+	// No node answering: the key commands refuse instead of writing to
+	// the data dir's own store.
+	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_ADMIN_LISTEN=" + freePort(t), "RELAY_NATS_URL=nats://" + c.nats[0]}
+	for _, args := range [][]string{{"keys", "channel", "list"}, {"keys", "agent", "account", "list"}, {"keys", "push", "list"}} {
+		_, stderr, code := edgerelay(t, env, args...)
+		if code != 1 || !strings.Contains(stderr, "cluster mode: no node answered") {
+			t.Fatalf("%v without a node: exit %d\n%s", args, code, stderr)
+		}
+	}
 }

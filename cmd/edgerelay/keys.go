@@ -119,6 +119,7 @@ func keysFlags(fs *flag.FlagSet, values *config.Values) *keysClient {
 	k := &keysClient{}
 	fs.StringVar(&k.dataDir, "data-dir", values.String(config.EnvDataDir), "data dir of the relay")
 	fs.StringVar(&k.adminAddr, "admin-listen", values.String(config.EnvAdminListen), "admin address of the running relay")
+	k.cluster = clusterMode(values)
 	return k
 }
 
@@ -127,6 +128,27 @@ func keysFlags(fs *flag.FlagSet, values *config.Values) *keysClient {
 // its lock, so the two never write at once).
 type keysClient struct {
 	dataDir, adminAddr string
+	// cluster: the settings say cluster mode, where there is no store to
+	// fall back to in the data dir.
+	cluster bool
+}
+
+// clusterMode reports whether the settings put the relay in cluster mode.
+func clusterMode(values *config.Values) bool {
+	return values.String(config.EnvNATSURL) != "" || values.String(config.EnvNATSEmbedListen) != ""
+}
+
+// openOffline opens the data dir's store for a key command that found no
+// server running; in cluster mode it refuses.
+func (k keysClient) openOffline() (*store.DB, error) {
+	if k.cluster {
+		return nil, admin.ClusterOffline(k.adminAddr)
+	}
+	db, err := store.Open(k.dataDir, nil)
+	if err != nil {
+		return nil, fmt.Errorf("no server answered at %s and the store cannot be opened (is a server running with another admin address?): %w", k.adminAddr, err)
+	}
+	return db, nil
 }
 
 // errNoServer means no server answered: use the store directly.
@@ -167,9 +189,9 @@ func (k keysClient) revoke(host string) error {
 }
 
 func (k keysClient) offline(fn func(channel.Keys) error) error {
-	db, err := store.Open(k.dataDir, nil)
+	db, err := k.openOffline()
 	if err != nil {
-		return fmt.Errorf("no server answered at %s and the store cannot be opened (is a server running with another admin address?): %w", k.adminAddr, err)
+		return err
 	}
 	ferr := fn(channel.Keys{Claims: store.NewChannelClaims(db)})
 	return errors.Join(ferr, db.Close())
@@ -201,5 +223,6 @@ func runPushKeys(args []string, stdout, stderr io.Writer) int {
 	return keycmd.Run(args, keycmd.Config{
 		DataDir: dataDir, AdminAddr: values.String(config.EnvAdminListen),
 		AdminTokenFile: filepath.Join(dataDir, adminTokenFile), Separate: values.Bool(config.EnvPushSeparateKeys),
+		Cluster: clusterMode(values),
 	}, stdout, stderr)
 }

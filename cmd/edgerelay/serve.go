@@ -167,7 +167,10 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	var keys *channel.Keys
 	lines := map[config.Service]string{}
 	if l := cfg.Listeners[config.Channel]; l.On() {
-		claims := store.NewChannelClaims(db)
+		claims, err := r.channelClaims(ctx)
+		if err != nil {
+			return nil, err
+		}
 		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg), DetachSockets: true})
 		keys = &channel.Keys{Claims: claims, Handler: h}
 		if err := loadBootstrap(cfg.DataDir, keys, log); err != nil {
@@ -224,7 +227,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	if err != nil {
 		return nil, err
 	}
-	agentKeys, agentPub, err := r.startAgent(cfg, reg, &services, lines)
+	agentKeys, agentPub, err := r.startAgent(ctx, cfg, reg, &services, lines)
 	if err != nil {
 		return nil, err
 	}
@@ -625,7 +628,7 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 // connector refuses anything else), with the configured certificate or a
 // development one generated into the data dir. It returns the operator's
 // key management and the relay's public key for the admin listener.
-func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (*agent.Keys, string, error) {
+func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (*agent.Keys, string, error) {
 	l := cfg.Listeners[config.Agent]
 	if !l.On() {
 		return nil, "", nil
@@ -634,7 +637,10 @@ func (r *relay) startAgent(cfg config.Config, reg prometheus.Registerer, service
 	if err != nil {
 		return nil, "", err
 	}
-	st := store.NewAgentStore(r.db)
+	st, err := r.agentRecords(ctx)
+	if err != nil {
+		return nil, "", err
+	}
 	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
 		InstanceQueue: cfg.Agent.InstanceQueue})
 	if err != nil {

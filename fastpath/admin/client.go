@@ -17,6 +17,13 @@ import (
 // command line then opens the store directly.
 var ErrNoServer = errors.New("no running server")
 
+// ClusterOffline is the error of a key command that found no running node
+// while the settings say cluster mode: the keys live in the cluster's
+// store, not in this data dir's, so the command never falls back to it.
+func ClusterOffline(adminAddr string) error {
+	return fmt.Errorf("cluster mode: no node answered at %s; the keys are kept in the cluster, so run this against a running node's admin listener (--admin-listen, and that node's --data-dir for its admin token)", adminAddr)
+}
+
 // Call sends one request to the running server's admin listener at addr,
 // with the admin token read from tokenFile: body (when not nil) as JSON,
 // the answer (when out is not nil) decoded from JSON. An answer other

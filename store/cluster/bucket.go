@@ -51,6 +51,18 @@ func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValu
 	return kv, err
 }
 
+// Stream binds the stream of a bucket made by Bucket (for leader reads by
+// sequence, purges and info), retrying like Bucket: right after the bucket
+// is created its stream's info may not answer yet.
+func (c *Cluster) Stream(ctx context.Context, bucket string) (jetstream.Stream, error) {
+	var st jetstream.Stream
+	err := c.retry(ctx, "bind stream of "+bucket, func(ctx context.Context) (err error) {
+		st, err = c.js.Stream(ctx, "KV_"+bucket)
+		return err
+	})
+	return st, err
+}
+
 // bucketStream is the stream of a KV bucket (see Bucket).
 func (c *Cluster) bucketStream(b BucketConfig) jetstream.StreamConfig {
 	sc := jetstream.StreamConfig{

@@ -50,6 +50,10 @@ type Config struct {
 	// Separate is true when the mounts keep separate key stores; it
 	// matters only offline (online, the server knows).
 	Separate bool
+	// Cluster is true in cluster mode: the keys live in the cluster, and
+	// without a running node the command refuses instead of opening the
+	// data dir's store.
+	Cluster bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -259,6 +263,9 @@ func (c client) offline(fn func([]*pushgw.Keys) error, one bool) error {
 		return errors.New("the mounts keep separate key stores: add --mount fcm or --mount apns")
 	default:
 		scopes = []store.PushScope{store.PushScopeFCM, store.PushScopeAPNs}
+	}
+	if c.cfg.Cluster {
+		return admin.ClusterOffline(c.cfg.AdminAddr)
 	}
 	db, err := store.Open(c.cfg.DataDir, nil)
 	if err != nil {

@@ -87,7 +87,7 @@ func New(ctx context.Context, c *cluster.Cluster) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agentkv: %w", err)
 	}
-	st, err := c.JetStream().Stream(ctx, "KV_"+Bucket)
+	st, err := c.Stream(ctx, Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("agentkv: %w", cluster.Fail("bind stream of "+Bucket, err))
 	}

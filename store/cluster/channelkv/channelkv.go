@@ -86,7 +86,7 @@ func New(ctx context.Context, c *cluster.Cluster) (*Claims, error) {
 	if err != nil {
 		return nil, fmt.Errorf("channelkv: %w", err)
 	}
-	st, err := c.JetStream().Stream(ctx, "KV_"+Bucket)
+	st, err := c.Stream(ctx, Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("channelkv: %w", cluster.Fail("bind stream of "+Bucket, err))
 	}
