@@ -283,8 +283,9 @@ func TestClusterAgentRestartAndQuorumLoss(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	checkWrites(t) // refused without a round trip
-	var wg sync.WaitGroup
-	for name, read := range map[string]func() error{
+	// Reads of committed data: served, or ErrUnavailable once the
+	// stream has no leader (never "not found"); each is seen unavailable.
+	checkReads(t, map[string]func() error{
 		"account":         func() error { _, err := s0.Account("acc"); return err },
 		"by name":         func() error { _, err := s0.AccountByName("alice"); return err },
 		"by client token": func() error { _, err := s0.AccountByClientToken(hash("client")); return err },
@@ -304,12 +305,26 @@ func TestClusterAgentRestartAndQuorumLoss(t *testing.T) {
 			}
 			return err
 		},
-	} {
-		wg.Go(func() {
-			if err := read(); err != nil && !errors.Is(err, store.ErrUnavailable) {
-				t.Errorf("%s without quorum: %v", name, err)
+	})
+}
+
+// checkReads calls every read until each has answered store.ErrUnavailable
+// once; any other error fails the test.
+func checkReads(t *testing.T, reads map[string]func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(reads) > 0 {
+		for name, read := range reads {
+			err := read()
+			if errors.Is(err, store.ErrUnavailable) {
+				delete(reads, name)
+			} else if err != nil {
+				t.Fatalf("%s without quorum: %v", name, err)
 			}
-		})
+		}
+		if len(reads) > 0 && time.Now().After(deadline) {
+			t.Fatalf("%d reads still served without quorum after 20 s", len(reads))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	wg.Wait()
 }
