@@ -1,0 +1,60 @@
+// Package mailboxjs is the mailbox's cluster backend: claims, envelopes,
+// pruned marks, sealed push registrations, idle expiry and erase in
+// JetStream, shared by every node, and watch across nodes. It is the store
+// half of issue 15's mailbox; docs/cluster-mailbox.md has the figures and
+// the plan for wiring fastpath/mailbox to it.
+//
+// # Layout
+//
+// Mailboxes are sharded over Config.Shards R3 file streams ER_MBX_<k> by
+// FNV-1a of "<app>/<id>". The servers run with sync_interval always, so a
+// publish ack means the message is fsynced on a quorum (CLUSTER.md §1.2);
+// nothing here acknowledges before that ack. Each direction has its own
+// subject tree (see names): in-order envelopes on one subject .e, the rare
+// envelope written below the direction's max on .o.<seq>, the prune mark
+// on .m. The head of a direction (max, count, bytes, pruned mark, the
+// envelope and push buckets, the stored set, the out-of-order list, the
+// last write's time) rides in the Er-Head header of the direction's last
+// message; its revision is that message's stream sequence.
+//
+// # Writes: one message, compare-and-set on the direction
+//
+// A Put decides against the head and publishes the envelope with the new
+// head in its own headers and Nats-Expected-Last-Subject-Sequence: <rev>
+// with Nats-Expected-Last-Subject-Sequence-Subject: the direction's
+// wildcard, so that the server stores it only if no other message of the
+// direction came first. One message, no batch: the envelope and its head
+// cannot be split, and the write costs what a plain publish costs. An
+// ADR-50 atomic batch (envelope plus a rollup head on its own subject)
+// gives the same guarantee in two messages and a commit; measured in
+// bench/clusterbench it was slower (docs/cluster-mailbox.md), which is why
+// it is not used. A lost compare-and-set (10071, or 10164 while another
+// write of the direction is in flight) re-reads the head from the leader
+// and decides again. Heads a node wrote or read are cached (bounded), so
+// the usual write is one publish: a stale cached head can only lose the
+// compare-and-set, and every answer other than a write is decided again
+// on the leader's head.
+//
+// Keeping .e ascending in client sequence is what makes lookups cheap
+// without a subject per envelope (millions of subjects cost the servers
+// memory and recovery time, CLUSTER.md §4.1): a sequence is found by
+// binary search over the stream range of .e, an out-of-order one by its
+// own subject. The stored set is a list of runs (one while the writer
+// appends), so retries, HEAD and the 507 check need no lookup.
+//
+// # Watch
+//
+// See Watch: subscribe to the RePublish subject er.w.<app>.<id>.<dir>.>
+// first, then read the head from the leader and backfill up to it; drop
+// republished messages at or below the last handled; every message names
+// its predecessor (Er-Prev), so a gap is read back from the stream. The
+// NATS callback only appends to a bounded queue; Deliver runs on the
+// watch's goroutine.
+//
+// # Errors
+//
+// Every NATS or JetStream failure (timeout, no quorum, no responders) is
+// wrapped by cluster.Fail as store.ErrUnavailable, answered 503. A write
+// that failed so may have been applied (its ack lost): the client's retry
+// finds the same bytes stored and gets 200, and nothing is pushed twice.
+package mailboxjs

@@ -1,0 +1,178 @@
+package mailboxjs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"edgerelay/store/cluster"
+)
+
+// msg is one stored message as the layout reads it.
+type msg struct {
+	subject string
+	seq     uint64 // stream sequence
+	hdr     nats.Header
+	data    []byte
+}
+
+func (m *msg) clientSeq() uint64 {
+	v, _ := strconv.ParseUint(m.hdr.Get(hdrSeq), 10, 64)
+	return v
+}
+
+func (m *msg) prev() uint64 {
+	v, _ := strconv.ParseUint(m.hdr.Get(hdrPrev), 10, 64)
+	return v
+}
+
+var errNoMsg = errors.New("mailboxjs: no such message")
+
+type getReq struct {
+	Seq      uint64 `json:"seq,omitempty"`
+	LastFor  string `json:"last_by_subj,omitempty"`
+	NextFor  string `json:"next_by_subj,omitempty"`
+	Batch    int    `json:"batch,omitempty"`
+	MaxBytes int    `json:"max_bytes,omitempty"`
+}
+
+// leaderGet reads one message through the stream leader
+// ($JS.API.STREAM.MSG.GET): read-after-write, unlike Direct Get (ADR-31).
+// errNoMsg when none matches.
+func (s *Store) leaderGet(ctx context.Context, stream string, req getReq) (*msg, error) {
+	body, _ := json.Marshal(req)
+	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
+	if err != nil {
+		return nil, cluster.Fail("read "+stream, err)
+	}
+	var r struct {
+		Error *struct {
+			Code    int    `json:"code"`
+			ErrCode int    `json:"err_code"`
+			Desc    string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
+			Hdrs    []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, cluster.Fail("read "+stream, fmt.Errorf("decode: %w", err))
+	}
+	if r.Error != nil {
+		if r.Error.ErrCode == 10037 { // message not found
+			return nil, errNoMsg
+		}
+		return nil, cluster.Fail("read "+stream, fmt.Errorf("%d %d %s", r.Error.Code, r.Error.ErrCode, r.Error.Desc))
+	}
+	if r.Message == nil {
+		return nil, cluster.Fail("read "+stream, errors.New("empty answer"))
+	}
+	m := &msg{subject: r.Message.Subject, seq: r.Message.Seq, data: r.Message.Data}
+	if len(r.Message.Hdrs) > 0 {
+		if m.hdr, err = decodeHeaders(r.Message.Hdrs); err != nil {
+			return nil, cluster.Fail("read "+stream, err)
+		}
+	} else {
+		m.hdr = nats.Header{}
+	}
+	return m, nil
+}
+
+// decodeHeaders parses a raw "NATS/1.0\r\nKey: Value\r\n...\r\n\r\n"
+// header block (nats.go exports no parser for one).
+func decodeHeaders(raw []byte) (nats.Header, error) {
+	lines := strings.Split(string(raw), "\r\n")
+	if len(lines) == 0 || !strings.HasPrefix(lines[0], "NATS/1.0") {
+		return nil, errors.New("mailboxjs: malformed header block")
+	}
+	h := nats.Header{}
+	for _, l := range lines[1:] {
+		if l == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			return nil, errors.New("mailboxjs: malformed header line")
+		}
+		h.Add(k, strings.TrimSpace(v))
+	}
+	return h, nil
+}
+
+// directGet reads one message through Direct Get (any replica answers:
+// may be a little behind the leader). errNoMsg when none matches.
+func (s *Store) directGet(ctx context.Context, stream string, req getReq) (*msg, error) {
+	body, _ := json.Marshal(req)
+	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream, body)
+	if err != nil {
+		return nil, cluster.Fail("read "+stream, err)
+	}
+	return directMsg(stream, resp)
+}
+
+func directMsg(stream string, resp *nats.Msg) (*msg, error) {
+	switch resp.Header.Get("Status") {
+	case "":
+	case "404":
+		return nil, errNoMsg
+	default:
+		return nil, cluster.Fail("read "+stream, fmt.Errorf("direct get: %s %s", resp.Header.Get("Status"), resp.Header.Get("Description")))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get(hdrStreamSq), 10, 64)
+	if err != nil {
+		return nil, cluster.Fail("read "+stream, fmt.Errorf("direct get: no sequence"))
+	}
+	return &msg{subject: resp.Header.Get("Nats-Subject"), seq: seq, hdr: resp.Header, data: resp.Data}, nil
+}
+
+// directBatch reads up to batch messages on filter from stream sequence
+// from (up to upTo, 0 for the end), at most about maxBytes, in stream
+// order, calling fn for each until it returns false. It returns the stream
+// sequence of the last message read (0: none). Any replica may answer, so
+// the batch can end short of the leader's last message.
+func (s *Store) directBatch(ctx context.Context, stream, filter string, from, upTo uint64, batch, maxBytes int, fn func(*msg) bool) (uint64, error) {
+	inbox := nats.NewInbox()
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, cluster.Fail("read "+stream, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, _ := json.Marshal(getReq{Seq: from, NextFor: filter, Batch: batch, MaxBytes: maxBytes})
+	if err := s.nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
+		return 0, cluster.Fail("read "+stream, err)
+	}
+	var last uint64
+	for {
+		resp, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return last, cluster.Fail("read "+stream, err)
+		}
+		switch resp.Header.Get("Status") {
+		case "204": // end of batch
+			return last, nil
+		case "404":
+			return last, nil
+		}
+		m, err := directMsg(stream, resp)
+		if err != nil {
+			return last, err
+		}
+		if upTo > 0 && m.seq > upTo {
+			// up_to_seq bounds only multi_last requests (server
+			// getDirectRequest): a batch is cut here.
+			return last, nil
+		}
+		last = m.seq
+		if !fn(m) {
+			return last, nil
+		}
+	}
+}

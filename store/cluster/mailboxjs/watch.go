@@ -1,0 +1,266 @@
+package mailboxjs
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"edgerelay/store/cluster"
+)
+
+// Why a watch ended (passed to WatchConfig.End).
+var (
+	// ErrErased: the mailbox was erased (close the socket with 1000).
+	ErrErased = errors.New("mailboxjs: mailbox erased")
+	// ErrOverflow: the watcher fell more than QueueBytes behind (close
+	// with 1013; the reader resumes with after = the last it holds).
+	ErrOverflow = errors.New("mailboxjs: watcher fell behind")
+)
+
+// WatchConfig is one watcher.
+type WatchConfig struct {
+	// After: deliver every stored envelope above it, then each new one.
+	After uint64
+	// Deliver is called for each envelope once, in order, from the
+	// watch's own goroutine (never NATS's): a slow Deliver only fills
+	// this watch's queue.
+	Deliver func(seq uint64, env []byte)
+	// End is called once when the watch ends: nil after Close, ErrErased,
+	// ErrOverflow, or a store error (wrapping store.ErrUnavailable).
+	End func(error)
+	// QueueBytes bounds what waits for Deliver (default 1 MiB).
+	QueueBytes int
+
+	// drop, in tests, loses the republished messages it returns true for,
+	// as a reconnect or a slow consumer would.
+	drop func(*nats.Msg) bool
+}
+
+// Watch delivers a direction's envelopes: stored ones above After, then
+// new ones as they are stored, each exactly once, through any node.
+//
+// It subscribes to the RePublish subject first, then reads the head
+// through the leader and backfills from the stream up to that head; a
+// republished message at or below the last one handled is dropped. Every
+// message of a direction names the one before it (Er-Prev, exact because
+// each write compared-and-set on it), so a lost notification (a reconnect,
+// a slow consumer) shows as a gap at the next one and is read back from
+// the stream before it.
+type Watch struct {
+	s     *Store
+	n     names
+	dir   byte
+	cfg   WatchConfig
+	subs  []*nats.Subscription
+	queue chan *nats.Msg
+	bytes atomic.Int64
+	full  atomic.Bool
+	stop  chan struct{}
+	once  sync.Once
+	done  chan struct{}
+}
+
+const watchQueueLen = 4096
+
+// Watch starts a watcher; it ends with cfg.End.
+func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfig) (*Watch, error) {
+	n, err := s.names(name)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 1 << 20
+	}
+	w := &Watch{s: s, n: n, dir: dir, cfg: cfg, queue: make(chan *nats.Msg, watchQueueLen), stop: make(chan struct{}), done: make(chan struct{})}
+	for _, subj := range []string{n.watch(dir), n.control()} {
+		sub, err := s.nc.Subscribe(subj, w.enqueue)
+		if err != nil {
+			w.unsubscribe()
+			return nil, cluster.Fail("watch "+subj, err)
+		}
+		w.subs = append(w.subs, sub)
+	}
+	// The subscriptions reach the server before the head is read, so
+	// nothing stored after that read can be missed.
+	if err := s.nc.FlushWithContext(ctx); err != nil {
+		w.unsubscribe()
+		return nil, cluster.Fail("watch "+name, err)
+	}
+	h, err := s.readHead(ctx, n, dir)
+	if err != nil {
+		w.unsubscribe()
+		return nil, err
+	}
+	go w.run(h)
+	return w, nil
+}
+
+// enqueue runs on the subscription's NATS goroutine: it never blocks.
+func (w *Watch) enqueue(m *nats.Msg) {
+	if w.full.Load() || (w.cfg.drop != nil && w.cfg.drop(m)) {
+		return
+	}
+	size := int64(len(m.Data) + 64)
+	if w.bytes.Add(size) > int64(w.cfg.QueueBytes) {
+		w.full.Store(true)
+		w.wake()
+		return
+	}
+	select {
+	case w.queue <- m:
+	default:
+		w.full.Store(true)
+		w.wake()
+	}
+}
+
+func (w *Watch) wake() {
+	select {
+	case w.queue <- nil:
+	default:
+	}
+}
+
+// Close ends the watch (End gets nil) and waits for its goroutine.
+func (w *Watch) Close() {
+	w.once.Do(func() { close(w.stop) })
+	<-w.done
+}
+
+func (w *Watch) unsubscribe() {
+	for _, s := range w.subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+func (w *Watch) run(h Head) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-w.stop:
+		case <-w.done:
+		}
+		cancel()
+	}()
+	err := w.loop(ctx, h)
+	w.unsubscribe()
+	if err != nil && ctx.Err() != nil {
+		err = nil // closed
+	}
+	if w.cfg.End != nil {
+		w.cfg.End(err) // before done: Close returns only after End (End must not call Close)
+	}
+	close(w.done)
+}
+
+func (w *Watch) loop(ctx context.Context, h Head) error {
+	// Backfill: every stored envelope above After as of the head read.
+	if _, err := w.s.scan(ctx, w.n, w.dir, &h, w.cfg.After, func(seq uint64, env []byte) bool {
+		w.cfg.Deliver(seq, env)
+		return ctx.Err() == nil
+	}); err != nil {
+		return err
+	}
+	last := h.Rev // the last message of the direction handled
+	for {
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m = <-w.queue:
+		}
+		if w.full.Load() {
+			return ErrOverflow
+		}
+		if m == nil {
+			continue
+		}
+		w.bytes.Add(-int64(len(m.Data) + 64))
+		if m.Subject == w.n.control() {
+			if string(m.Data) == ctlErased {
+				return ErrErased
+			}
+			continue
+		}
+		seq, _ := strconv.ParseUint(m.Header.Get(hdrStreamSq), 10, 64)
+		if seq <= last {
+			continue // backfilled already
+		}
+		prev, _ := strconv.ParseUint(m.Header.Get(hdrPrev), 10, 64)
+		if prev != last {
+			// A gap: read what was missed from the stream, in order,
+			// then this message is a duplicate or next in line.
+			var err error
+			if last, err = w.catchUp(ctx, last, seq); err != nil {
+				return err
+			}
+			if seq <= last {
+				continue
+			}
+		}
+		last = seq
+		w.handle(m.Header.Get(hdrSeq), m.Subject, m.Data)
+	}
+}
+
+// handle delivers a direction message if it is an envelope above After
+// (a prune mark only advances the chain).
+func (w *Watch) handle(seqHdr, subject string, data []byte) {
+	if strings.HasSuffix(subject, ".m") || seqHdr == "" {
+		return
+	}
+	if c, _ := strconv.ParseUint(seqHdr, 10, 64); c > w.cfg.After {
+		w.cfg.Deliver(c, data)
+	}
+}
+
+// catchUp reads the direction's messages after stream sequence last up to
+// and including upTo from the stream, in stream order, delivering them,
+// and returns the last one read. A lagging replica is asked again.
+func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) {
+	for last < upTo {
+		got := 0
+		_, err := w.s.directBatch(ctx, w.n.stream, w.n.dirAll(w.dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
+			got++
+			last = m.seq
+			w.handle(m.hdr.Get(hdrSeq), m.subject, m.data)
+			return true
+		})
+		if err != nil {
+			return last, err
+		}
+		if got == 0 {
+			// Either the replica lags, or the messages up to upTo were
+			// purged (a prune) or the mailbox erased: the leader's head
+			// tells.
+			h, err := w.s.readHead(ctx, w.n, w.dir)
+			if err != nil {
+				return last, err
+			}
+			if h.Rev < upTo {
+				return upTo - 1, nil // pruned away: nothing to deliver below upTo
+			}
+			if err := waitBrief(ctx); err != nil {
+				return last, err
+			}
+		}
+	}
+	return last, nil
+}
+
+func waitBrief(ctx context.Context) error {
+	t := time.NewTimer(2 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return cluster.Fail("watch", ctx.Err())
+	case <-t.C:
+		return nil
+	}
+}
