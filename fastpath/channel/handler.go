@@ -234,7 +234,10 @@ func (h *Handler) Connected(key store.Hash) bool {
 // authenticate finds the claimed computer a presented token belongs to
 // (lookup is ByOwner or ByPhone). When there is none it answers refusal
 // with "unknown token" and returns false; a store failure is logged, never
-// the token.
+// the token. A store that cannot answer right now (store.ErrUnavailable:
+// in cluster mode a lost quorum or a timeout) says nothing about the
+// token, so it is answered 503 with Retry-After: a refusal would make the
+// computer or phone discard a token that is still good.
 func (h *Handler) authenticate(ctx *fasthttp.RequestCtx, tok []byte, lookup func(store.Hash) (store.ChannelKey, error), refusal int) (store.ChannelKey, bool) {
 	if len(tok) == 0 {
 		httpx.Error(ctx, refusal, "unknown token")
@@ -242,6 +245,10 @@ func (h *Handler) authenticate(ctx *fasthttp.RequestCtx, tok []byte, lookup func
 	}
 	k, err := lookup(httpx.Hash(tok))
 	if err != nil {
+		if errors.Is(err, store.ErrUnavailable) {
+			h.storeFailed(ctx, "token lookup failed", err)
+			return store.ChannelKey{}, false
+		}
 		if !errors.Is(err, store.ErrUnknownToken) {
 			h.log.Error("token lookup failed", "path", string(ctx.Path()), "err", err)
 		}
