@@ -156,6 +156,24 @@ func TestClusterNodesStartTogetherAndAgree(t *testing.T) {
 		}
 	}
 
+	// Changing a shared setting: forget the record, then a node with the
+	// new value starts (and records it).
+	forgetEnv := []string{"RELAY_NATS_URL=nats://" + c.nats[2]}
+	if out := cliOK(t, forgetEnv, "cluster", "forget-setting", "RELAY_MAX_STORED"); !strings.Contains(out, "forgot RELAY_MAX_STORED") {
+		t.Fatalf("forget-setting: %s", out)
+	}
+	if _, stderr, code := edgerelay(t, forgetEnv, "cluster", "forget-setting", "RELAY_DATA_DIR"); code != 2 || !strings.Contains(stderr, "not a setting the nodes must agree on") {
+		t.Fatalf("forget-setting of a per-node setting: exit %d %s", code, stderr)
+	}
+	changed := &relayProc{}
+	prepare(t, changed, append(append([]string(nil), clusterNodeEnv...),
+		"RELAY_NODE_NAME=changed", "RELAY_ADMIN_LISTEN=127.0.0.1:0", "RELAY_NATS_URL=nats://"+c.nats[1],
+		"RELAY_TURN_SECRET=shared-secret", "RELAY_MAX_STORED=4097")...)
+	changed.start()
+	changed.kill()
+	// Back to the old value for the nodes' restarts below.
+	cliOK(t, forgetEnv, "cluster", "forget-setting", "RELAY_MAX_STORED")
+
 	// Quorum lost: 2 of 3 embedded servers killed.
 	c.nodes[1].kill()
 	c.nodes[2].kill()

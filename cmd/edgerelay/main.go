@@ -17,6 +17,7 @@ const usageText = `usage: edgerelay [command] [flags]
 commands:
   serve         run the relay (the default); edgerelay serve --help lists every setting
   keys          manage keys: edgerelay keys channel add --host NAME | list | revoke --host NAME
+  cluster       cluster mode: edgerelay cluster forget-setting NAME
   conformance   check a relay from the outside: edgerelay conformance channel --origin URL --key-a-file F --key-b-file F
   version       print the version
 
@@ -38,6 +39,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runKeys(args[1:], stdout, stderr)
 	case "conformance":
 		return runConformance(args[1:], stdout, stderr)
+	case "cluster":
+		return runCluster(args[1:], stdout, stderr)
 	case "version":
 		// No flags, but the same rule as every command: --help is help, and
 		// anything else is refused rather than ignored.

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"edgerelay/cmd/edgerelay/config"
+	"edgerelay/store/cluster"
+)
+
+const clusterUsage = `usage:
+  edgerelay cluster forget-setting NAME   clear the cluster's record of a shared setting (RELAY_TURN_SECRET, ...)
+                                          so that the next node to start records its value: how a setting that
+                                          must agree on every node is changed (change it on every node, forget
+                                          it, restart the nodes)
+
+The cluster commands connect to the cluster's NATS as a client: RELAY_NATS_URL (with
+RELAY_NATS_CREDS, RELAY_NATS_TLS_CA), which for embedded servers is any node's
+RELAY_NATS_EMBED_LISTEN address.
+`
+
+// runCluster is `edgerelay cluster …`.
+func runCluster(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || helpAsked(args) {
+		fmt.Fprint(stdout, clusterUsage)
+		return 0
+	}
+	fs := flag.NewFlagSet("cluster", flag.ContinueOnError)
+	if code, ok := parseFlags(fs, args[1:], clusterUsage, stdout, stderr); !ok {
+		return code
+	}
+	switch args[0] {
+	case "forget-setting":
+		if fs.NArg() != 1 {
+			return usageError(stderr, "cluster forget-setting", "name one setting", clusterUsage)
+		}
+		name := fs.Arg(0)
+		if !sharedSetting(name) {
+			return usageError(stderr, "cluster forget-setting", fmt.Sprintf("%s is not a setting the nodes must agree on", name), clusterUsage)
+		}
+		err := withClusterClient(func(ctx context.Context, c *cluster.Cluster) error { return c.ForgetSetting(ctx, name) })
+		if err != nil {
+			fmt.Fprintf(stderr, "edgerelay cluster forget-setting: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "forgot %s: the next node to start records its value\n", name)
+		return 0
+	default:
+		return usageError(stderr, "cluster", fmt.Sprintf("unknown command %q", args[0]), clusterUsage)
+	}
+}
+
+// sharedSetting reports whether name is one of sharedSettings.
+func sharedSetting(name string) bool {
+	for _, s := range sharedSettings(config.Config{}) {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// withClusterClient connects to the cluster named by RELAY_NATS_URL for one
+// command, within a minute.
+func withClusterClient(fn func(context.Context, *cluster.Cluster) error) error {
+	values, err := config.Load(nil, os.Environ(), io.Discard)
+	if err != nil {
+		return err
+	}
+	cfg, err := values.Config()
+	if err != nil {
+		return err
+	}
+	if len(cfg.Cluster.URLs) == 0 {
+		return fmt.Errorf("%s is empty: name the cluster's NATS (with embedded servers, any node's %s)", config.EnvNATSURL, config.EnvNATSEmbedListen)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	host, _ := os.Hostname()
+	c, err := cluster.Open(ctx, cluster.Config{
+		NodeName: "edgerelay-cli-" + host, URLs: cfg.Cluster.URLs, CredsFile: cfg.Cluster.CredsFile,
+		TLSCA: cfg.Cluster.TLSCA, Replicas: cfg.Cluster.Replicas,
+	}, nil)
+	if err != nil {
+		return err
+	}
+	return errors.Join(fn(ctx, c), c.Close())
+}
