@@ -76,6 +76,9 @@ type Claims struct {
 	stream jetstream.Stream
 	// staleAfter is the constant staleAfter; tests shorten it.
 	staleAfter time.Duration
+	// afterHints, when set by a test, runs between a claim's hints and its
+	// compare-and-set.
+	afterHints func()
 }
 
 var _ store.ChannelClaimStore = (*Claims)(nil)
@@ -353,6 +356,9 @@ func (s *Claims) Claim(h, owner, phone store.Hash, now time.Time) (string, error
 			wrote = append(wrote, hint{w.r, w.tok, rev})
 		}
 	}
+	if s.afterHints != nil {
+		s.afterHints()
+	}
 	var host string
 	_, err = cluster.Update(ctx, s.kv, claimKey(h), func(cur []byte, _ uint64) ([]byte, error) {
 		if cur == nil {
@@ -381,11 +387,27 @@ func (s *Claims) Claim(h, owner, phone store.Hash, now time.Time) (string, error
 		r   role
 		tok store.Hash
 	}{{ownerRole, owner}, {phoneRole, phone}} {
-		if _, err := s.kv.Create(ctx, w.r.key(w.tok), hexValue(h)); err != nil && !cluster.Conflict(err) {
-			return "", cluster.Fail("claim: token hint", err)
-		}
+		// Best effort: the claim is won and must be answered so (a 503
+		// would make the computer's retry read 409); a hint that is still
+		// gone after a failed read is the narrow case above on top of a
+		// failing store.
+		_ = s.ensureHint(ctx, w.r, w.tok, h)
 	}
 	return host, nil
+}
+
+// ensureHint creates the hint of tok in role r naming h when it is gone
+// (read first: it is nearly always there, and a failed create costs two
+// round trips).
+func (s *Claims) ensureHint(ctx context.Context, r role, tok, h store.Hash) error {
+	e, err := s.get(ctx, r.key(tok))
+	if err != nil || e != nil {
+		return err
+	}
+	if _, err := s.kv.Create(ctx, r.key(tok), hexValue(h)); err != nil && !cluster.Conflict(err) {
+		return cluster.Fail("claim: token hint", err)
+	}
+	return nil
 }
 
 func orInUse(err error) error {

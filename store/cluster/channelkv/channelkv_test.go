@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"edgerelay/store"
+	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/storetest"
 )
@@ -195,6 +196,31 @@ func TestClusterClaims(t *testing.T) {
 		}
 		if k, err := cs[0].ByOwner(hash("stale-o")); err != nil || k.Host != "stale2" {
 			t.Fatalf("owner: %+v %v", k, err)
+		}
+	})
+
+	t.Run("WinnerPutsBackADroppedHint", func(t *testing.T) {
+		// An identical claim racing this one wrote the owner hint (this
+		// claim adopted it), lost for another reason and dropped it before
+		// this claim's compare-and-set.
+		if err := c.AddKey(hash("drop-k"), "drop", now); err != nil {
+			t.Fatal(err)
+		}
+		hintKey := ownerRole.key(hash("drop-o"))
+		if _, err := c.kv.Create(ctx, hintKey, hexValue(hash("drop-k"))); err != nil {
+			t.Fatal(err)
+		}
+		c.afterHints = func() {
+			if err := cluster.Delete(ctx, c.kv, hintKey, 0); err != nil {
+				t.Error(err)
+			}
+		}
+		defer func() { c.afterHints = nil }()
+		if _, err := c.Claim(hash("drop-k"), hash("drop-o"), hash("drop-p"), now); err != nil {
+			t.Fatal(err)
+		}
+		if k, err := cs[0].ByOwner(hash("drop-o")); err != nil || k.Host != "drop" {
+			t.Fatalf("owner token of the winner: %+v %v", k, err)
 		}
 	})
 
