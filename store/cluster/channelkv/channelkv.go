@@ -634,3 +634,75 @@ func (s *Claims) Revoke(host string) (store.ChannelKey, error) {
 	}
 	return store.ChannelKey{}, cluster.Fail("revoke "+host, errors.New("the key record kept changing"))
 }
+
+// ErrImportConflict is returned by Import for a key the cluster already
+// holds in another state.
+var ErrImportConflict = errors.New("channelkv: the cluster holds this claim key in another state")
+
+// Import writes one claim key as the Pebble store lists it
+// (store.ChannelClaims.Keys: hash, host, state and token hashes) into the
+// cluster, for moving a single node's store into the cluster. It writes in
+// the order a claim does (token hints, host reservation, record), so an
+// import cut short leaves nothing that works halfway, and it is idempotent:
+// a key already imported in the same state is left as it is. A key the
+// cluster holds in another state, or whose host or tokens another key holds,
+// is an error (ErrImportConflict, ErrHostExists, ErrTokenInUse) naming the
+// host.
+func (s *Claims) Import(k store.ChannelKey) error {
+	if err := s.writable("import claim key"); err != nil {
+		return err
+	}
+	ctx, cancel := cluster.Context()
+	defer cancel()
+	rec := &record{Host: k.Host, Created: k.Created.UTC(), Used: k.Used, ClaimedAt: k.ClaimedAt.UTC(), Claimed: k.Claimed}
+	if k.Claimed {
+		rec.Owner, rec.Phone = k.Owner[:], k.Phone[:]
+		for _, w := range []struct {
+			r   role
+			tok store.Hash
+		}{{ownerRole, k.Owner}, {phoneRole, k.Phone}} {
+			if _, err := s.takeHint(ctx, w.r, w.tok, k.Hash); err != nil {
+				return fmt.Errorf("import %q: %w", k.Host, err)
+			}
+		}
+	}
+	raw, err := encode(rec)
+	if err != nil {
+		return err
+	}
+	resKey := hostKey(k.Host)
+	if _, err := s.kv.Create(ctx, resKey, hexValue(k.Hash)); err != nil {
+		if !cluster.Conflict(err) {
+			return cluster.Fail("import: reserve host", err)
+		}
+		e, err := s.get(ctx, resKey)
+		if err != nil {
+			return err
+		}
+		if n, ok := parseHash(valueOf(e)); !ok || n != k.Hash {
+			if _, err := s.takeHost(ctx, k.Hash, k.Host, resKey); err != nil {
+				return fmt.Errorf("import %q: %w", k.Host, err)
+			}
+		}
+	}
+	if _, err := s.kv.Create(ctx, claimKey(k.Hash), raw); err != nil {
+		if !cluster.Conflict(err) {
+			return cluster.Fail("import claim key", err)
+		}
+		e, err := s.get(ctx, claimKey(k.Hash))
+		if err != nil {
+			return err
+		}
+		if e == nil || string(e.Value()) != string(raw) {
+			return fmt.Errorf("%w: host %q", ErrImportConflict, k.Host)
+		}
+	}
+	return nil
+}
+
+func valueOf(e jetstream.KeyValueEntry) []byte {
+	if e == nil {
+		return nil
+	}
+	return e.Value()
+}
