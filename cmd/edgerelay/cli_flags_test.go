@@ -206,7 +206,7 @@ func TestCLIREADMECommandsParse(t *testing.T) {
 	}
 	values := map[string]string{
 		"NAME": "acme", "ACCOUNT": "acme", "ID": "0f8e6c1a-0000-4000-8000-000000000000",
-		"L": "label", "T": "720h", "URL": "http://127.0.0.1:1", "PEM": ca, "CMD": "true",
+		"L": "label", "T": "720h", "SETTING": "RELAY_TURN_SECRET", "URL": "http://127.0.0.1:1", "PEM": ca, "CMD": "true",
 	}
 	seen := map[string]bool{}
 	for _, form := range forms {
