@@ -653,3 +653,115 @@ func (s *Store) RevokeInstance(id string) (store.AgentInstance, error) {
 	}
 	return inst, nil
 }
+
+// ErrImportConflict is returned by an import of a record the cluster already
+// holds in another state.
+var ErrImportConflict = errors.New("agentkv: the cluster holds this record in another state")
+
+// The imports write one record as the Pebble store lists it (AgentStore's
+// Accounts, Instances, PairingKeys) into the cluster, for moving a single
+// node's store into the cluster: accounts first, then instances, then
+// pairing keys. Each writes in the order the live operation does (hints,
+// then the record), so an import cut short leaves nothing that works
+// halfway, and each is idempotent: a record already imported in the same
+// state is left as it is; one the cluster holds in another state is
+// ErrImportConflict.
+
+// ImportAccount imports one account.
+func (s *Store) ImportAccount(a store.AgentAccount) error {
+	if err := s.writable("import account"); err != nil {
+		return err
+	}
+	ctx, cancel := cluster.Context()
+	defer cancel()
+	if !validID(a.ID) {
+		return fmt.Errorf("agentkv: import account %q: id of 1 to %d bytes", a.ID, maxID)
+	}
+	if _, err := s.kv.Create(ctx, nameKey(a.Name), []byte(a.ID)); err != nil {
+		if !cluster.Conflict(err) {
+			return cluster.Fail("import: reserve account name", err)
+		}
+		if e, err := s.get(ctx, nameKey(a.Name)); err != nil {
+			return err
+		} else if string(valueOf(e)) != a.ID {
+			if _, err := s.takeName(ctx, a.ID, a.Name); err != nil {
+				return err
+			}
+		}
+	}
+	if e, err := s.get(ctx, clientKey(a.ClientToken)); err != nil {
+		return err
+	} else if string(valueOf(e)) != a.ID {
+		if _, err := s.takeClientHint(ctx, a.ID, a.ClientToken); err != nil {
+			return fmt.Errorf("import account %q: %w", a.Name, err)
+		}
+	}
+	return s.importRecord(ctx, accountKey(a.ID), accountRecord{Name: a.Name, Created: a.Created.UTC(), Client: a.ClientToken[:]})
+}
+
+// ImportInstance imports one instance (its account imported first); a
+// revoked one gets no token hint.
+func (s *Store) ImportInstance(in store.AgentInstance) error {
+	if err := s.writable("import instance"); err != nil {
+		return err
+	}
+	ctx, cancel := cluster.Context()
+	defer cancel()
+	if !validID(in.ID) {
+		return fmt.Errorf("agentkv: import instance %q: id of 1 to %d bytes", in.ID, maxID)
+	}
+	if !in.Revoked {
+		if _, err := s.kv.Create(ctx, instTokenKey(in.Token), []byte(in.ID)); err != nil {
+			if !cluster.Conflict(err) {
+				return cluster.Fail("import: instance token hint", err)
+			}
+			if e, err := s.get(ctx, instTokenKey(in.Token)); err != nil {
+				return err
+			} else if string(valueOf(e)) != in.ID {
+				return fmt.Errorf("%w: instance %q: its token names another instance", ErrImportConflict, in.ID)
+			}
+		}
+	}
+	return s.importRecord(ctx, instanceKey(in.ID), instanceRecord{Account: in.Account, Name: in.Name,
+		Created: in.Created.UTC(), Token: in.Token[:], Revoked: in.Revoked})
+}
+
+// ImportPairingKey imports one pairing key record.
+func (s *Store) ImportPairingKey(p store.AgentPairingKey) error {
+	if err := s.writable("import pairing key"); err != nil {
+		return err
+	}
+	ctx, cancel := cluster.Context()
+	defer cancel()
+	return s.importRecord(ctx, pairingKey(p.Hash), pairingRecord{Account: p.Account, Created: p.Created.UTC(),
+		Expires: p.Expires.UTC(), Used: p.Used, Instance: p.Instance})
+}
+
+// importRecord creates the record at key, or finds it already there with the
+// same bytes.
+func (s *Store) importRecord(ctx context.Context, key string, v any) error {
+	raw, err := marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := s.kv.Create(ctx, key, raw); err != nil {
+		if !cluster.Conflict(err) {
+			return cluster.Fail("import "+key, err)
+		}
+		e, err := s.get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if e == nil || string(e.Value()) != string(raw) {
+			return fmt.Errorf("%w: %s", ErrImportConflict, key)
+		}
+	}
+	return nil
+}
+
+func valueOf(e jetstream.KeyValueEntry) []byte {
+	if e == nil {
+		return nil
+	}
+	return e.Value()
+}
