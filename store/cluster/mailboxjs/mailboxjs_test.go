@@ -56,8 +56,13 @@ func mustPut(t *testing.T, s *Store, name string, dir byte, seq uint64, env []by
 
 func scanAll(t *testing.T, s *Store, name string, dir byte, after uint64) []uint64 {
 	t.Helper()
+	return scanBytes(t, s, name, dir, after, 0)
+}
+
+func scanBytes(t *testing.T, s *Store, name string, dir byte, after uint64, maxBytes int) []uint64 {
+	t.Helper()
 	var got []uint64
-	err := s.Scan(clustertest.Context(t), name, dir, after, func(seq uint64, env []byte) bool {
+	err := s.Scan(clustertest.Context(t), name, dir, after, maxBytes, func(seq uint64, env []byte) bool {
 		if !bytes.Equal(env, envelope(seq, fmt.Sprint("m", seq))) {
 			t.Errorf("scan: envelope %d has other bytes", seq)
 		}
@@ -231,6 +236,10 @@ func testRacingWritersOneDirection(t *testing.T, st []*Store) {
 	}
 	if got := scanAll(t, st[1], name, 'c', 50); !slices.Equal(got, all[50:]) {
 		t.Fatalf("scan after 50: %v", got)
+	}
+	// One envelope per read: the batches join up without a gap or a repeat.
+	if got := scanBytes(t, st[2], name, 'c', 10, 1); !slices.Equal(got, all[10:]) {
+		t.Fatalf("scan in 1-byte batches: %v", got)
 	}
 	h, err := st[2].State(clustertest.Context(t), name, 'c')
 	if err != nil {

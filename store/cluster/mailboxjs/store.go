@@ -112,6 +112,22 @@ func StreamConfig(k, replicas int, maxBytes int64) jetstream.StreamConfig {
 	}
 }
 
+// Shard is the ER_MBX_<k> stream that keeps name.
+func (s *Store) Shard(name string) (int, error) {
+	n, err := s.names(name)
+	return n.shard, err
+}
+
+// bounded gives ctx the store's operation timeout when it has no deadline
+// of its own (a request that would otherwise wait forever on a lost
+// server).
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 5*time.Second)
+}
+
 // --- the head cache ----------------------------------------------------
 
 func cacheKey(name string, dir byte) string { return name + "/" + string(dir) }
@@ -322,6 +338,10 @@ type PutResult struct {
 // up to about twenty rounds for the unluckiest, each a leader read.
 const maxRounds = 64
 
+// errGone: a head listed an envelope the stream no longer holds (a prune
+// or erase since that head was read); decided again on a newer head.
+var errGone = errors.New("mailboxjs: envelope gone since the head was read")
+
 // Put stores one envelope of a direction, decided against its head and
 // written with the new head in the envelope's own headers by one
 // compare-and-set publish. An Ok answer means the envelope and the head
@@ -339,6 +359,13 @@ func (s *Store) Put(ctx context.Context, name string, dir byte, seq uint64, env 
 	}
 	for round := range maxRounds {
 		res, next, err := s.decide(ctx, n, dir, h, seq, env, lim, now)
+		if errors.Is(err, errGone) {
+			fromCache = false
+			if h, err = s.readHead(ctx, n, dir); err != nil {
+				return PutResult{}, err
+			}
+			continue
+		}
 		if err != nil {
 			return PutResult{}, err
 		}
@@ -406,7 +433,7 @@ func (s *Store) decide(ctx context.Context, n names, dir byte, h Head, seq uint6
 		}
 		// The head lists it but it is gone: pruned or erased meanwhile;
 		// the next round reads a newer head.
-		return PutResult{}, nil, cluster.Fail("put", errors.New("head lists an envelope the stream no longer has"))
+		return PutResult{}, nil, errGone
 	}
 	if (lim.MaxStored > 0 && h.Count+1 > lim.MaxStored) || (lim.MaxStoredBytes > 0 && h.Bytes+len(env) > lim.MaxStoredBytes) {
 		return PutResult{Outcome: Full}, nil, nil
@@ -531,13 +558,15 @@ func (s *Store) search(ctx context.Context, get func(context.Context, string, ge
 	return best, nil
 }
 
-// ScanBatch bounds one Direct Get batch of a scan.
+// scanBatchBytes bounds one Direct Get batch of a scan (the default).
 const scanBatchBytes = 1 << 20
 
 // Scan calls fn for every stored envelope of a direction with a sequence
 // above after, ascending, until fn returns false (env is fn's to keep).
-// It reads the state the head had when Scan began.
-func (s *Store) Scan(ctx context.Context, name string, dir byte, after uint64, fn func(seq uint64, env []byte) bool) error {
+// It reads the state the head had when Scan began. maxBytes (0: 1 MiB)
+// bounds what one read asks the servers for, so a fetch that wants 4 MiB
+// does not make them send 32.
+func (s *Store) Scan(ctx context.Context, name string, dir byte, after uint64, maxBytes int, fn func(seq uint64, env []byte) bool) error {
 	n, err := s.names(name)
 	if err != nil {
 		return err
@@ -546,12 +575,15 @@ func (s *Store) Scan(ctx context.Context, name string, dir byte, after uint64, f
 	if err != nil {
 		return err
 	}
-	_, err = s.scan(ctx, n, dir, &h, after, fn)
+	_, err = s.scan(ctx, n, dir, &h, after, maxBytes, fn)
 	return err
 }
 
 // scan is Scan over head h; it reports whether fn stopped it.
-func (s *Store) scan(ctx context.Context, n names, dir byte, h *Head, after uint64, fn func(seq uint64, env []byte) bool) (stopped bool, err error) {
+func (s *Store) scan(ctx context.Context, n names, dir byte, h *Head, after uint64, maxBytes int, fn func(seq uint64, env []byte) bool) (stopped bool, err error) {
+	if maxBytes <= 0 {
+		maxBytes = scanBatchBytes
+	}
 	after = max(after, h.Pruned)
 	if h.Count == 0 || after >= h.Last() {
 		return false, nil
@@ -595,7 +627,7 @@ func (s *Store) scan(ctx context.Context, n names, dir byte, h *Head, after uint
 		got := 0
 		var stop bool
 		var ferr error
-		last, err := s.directBatch(ctx, n.stream, n.inOrder(dir), from, h.Rev, 256, scanBatchBytes, func(m *msg) bool {
+		last, err := s.directBatch(ctx, n.stream, n.inOrder(dir), from, h.Rev, 256, maxBytes, func(m *msg) bool {
 			got++
 			c := m.clientSeq()
 			reached = c

@@ -77,6 +77,8 @@ func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfi
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = 1 << 20
 	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	w := &Watch{s: s, n: n, dir: dir, cfg: cfg, queue: make(chan *nats.Msg, watchQueueLen), stop: make(chan struct{}), done: make(chan struct{})}
 	for _, subj := range []string{n.watch(dir), n.control()} {
 		sub, err := s.nc.Subscribe(subj, w.enqueue)
@@ -161,7 +163,7 @@ func (w *Watch) run(h Head) {
 
 func (w *Watch) loop(ctx context.Context, h Head) error {
 	// Backfill: every stored envelope above After as of the head read.
-	if _, err := w.s.scan(ctx, w.n, w.dir, &h, w.cfg.After, func(seq uint64, env []byte) bool {
+	if _, err := w.s.scan(ctx, w.n, w.dir, &h, w.cfg.After, 0, func(seq uint64, env []byte) bool {
 		w.cfg.Deliver(seq, env)
 		return ctx.Err() == nil
 	}); err != nil {

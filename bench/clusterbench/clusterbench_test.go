@@ -1,0 +1,251 @@
+package clusterbench
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"edgerelay/store/cluster/clustertest"
+	"edgerelay/store/cluster/mailboxjs"
+)
+
+// envelopeSize is the payload of every write: 256 bytes, as in CLUSTER.md §8.
+const envelopeSize = 256
+
+const shards = 12
+
+var unlimited = mailboxjs.Limits{MaxStored: 1 << 30, MaxStoredBytes: 1 << 40}
+
+func envelope(seq uint64) []byte {
+	e := make([]byte, envelopeSize)
+	e[0] = 1
+	binary.BigEndian.PutUint64(e[1:], seq)
+	return e
+}
+
+// bench is one cluster shared by the sub-benchmarks (starting one takes
+// seconds).
+type bench struct {
+	nodes  *clustertest.Nodes
+	stores []*mailboxjs.Store
+	runs   atomic.Int64 // makes every sub-benchmark run's mailboxes new
+}
+
+// BenchmarkCluster runs every figure on one cluster: our PUT beside raw
+// publishes for 1 and 64 writers, the ADR-50 batch model of the same PUT,
+// and watch delivery latency across nodes.
+func BenchmarkCluster(b *testing.B) {
+	nodes := clustertest.Start(b, 3)
+	bc := &bench{nodes: nodes}
+	for i := range 3 {
+		s, err := mailboxjs.Open(clustertest.Context(b), nodes.Node(i), mailboxjs.Config{Shards: shards})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bc.stores = append(bc.stores, s)
+	}
+	for _, w := range []int{1, 64} {
+		b.Run(fmt.Sprintf("raw/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.raw) })
+		b.Run(fmt.Sprintf("put/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.put) })
+		b.Run(fmt.Sprintf("batch-model/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.batchModel) })
+	}
+	b.Run("watch-latency", bc.watchLatency)
+}
+
+// writer is one writer's state: its mailbox and what it needs between ops.
+type writer struct {
+	node    int
+	name    string // <app>/<id> of its mailbox
+	shard   int    // of name, found from the store's first write
+	seq     uint64
+	headRev uint64 // batch model: the revision its head CAS expects
+	msg     *nats.Msg
+}
+
+// op performs one write of w.
+type op func(ctx context.Context, w *writer) error
+
+// run measures writers concurrent writers, each on its own direction,
+// spread over the three nodes as an L4 balancer would spread clients.
+func (bc *bench) run(b *testing.B, writers int, do op) {
+	run := bc.runs.Add(1)
+	ws := make([]*writer, writers)
+	for i := range ws {
+		ws[i] = &writer{node: i % 3, name: fmt.Sprintf("bench/r%dw%d-mailbox00000000", run, i)}
+		// The first write (not timed) places the mailbox and finds its shard.
+		if _, err := bc.stores[ws[i].node].Put(context.Background(), ws[i].name, 'p', 1, envelope(1), unlimited, time.Now().UnixNano()); err != nil {
+			b.Fatal(err)
+		}
+		ws[i].seq = 1
+		ws[i].shard = shardOf(b, bc.stores[0], ws[i].name)
+	}
+	lat := make([][]time.Duration, writers)
+	per := (b.N + writers - 1) / writers
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		lat[i] = make([]time.Duration, 0, per)
+		wg.Go(func() {
+			for range per {
+				t0 := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := do(ctx, w)
+				cancel()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return
+	}
+	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "ops/s")
+	b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+func shardOf(b *testing.B, s *mailboxjs.Store, name string) int {
+	k, err := s.Shard(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return k
+}
+
+func cutName(name string) (string, string, bool) {
+	for i := range name {
+		if name[i] == '/' {
+			return name[:i], name[i+1:], true
+		}
+	}
+	return name, "", false
+}
+
+// put is our PUT through the mailbox API.
+func (bc *bench) put(ctx context.Context, w *writer) error {
+	w.seq++
+	r, err := bc.stores[w.node].Put(ctx, w.name, 'p', w.seq, envelope(w.seq), unlimited, time.Now().UnixNano())
+	if err == nil && r.Outcome != mailboxjs.Created {
+		err = fmt.Errorf("put %d: outcome %d", w.seq, r.Outcome)
+	}
+	return err
+}
+
+// raw is the floor: a plain publish of the same bytes to the same shard
+// stream, waiting for its ack, no headers, no compare-and-set. Its subject
+// matches the stream's RePublish like an envelope's, so the servers do
+// the same work per message apart from what the layout adds.
+func (bc *bench) raw(ctx context.Context, w *writer) error {
+	w.seq++
+	app, id, _ := cutName(w.name)
+	_, err := bc.nodes.Node(w.node).JetStream().Publish(ctx, fmt.Sprintf("mbx.%d.%s.%s.raw.e", w.shard, app, id), envelope(w.seq))
+	return err
+}
+
+// batchModel is the alternative layout: an ADR-50 atomic batch of the
+// envelope on its direction subject and the head on its own subject,
+// rolled up, with a compare-and-set on the head (CLUSTER.md §4.1 step 4).
+// nats.go has no client API for batches: raw headers, the commit through
+// RequestMsg.
+func (bc *bench) batchModel(ctx context.Context, w *writer) error {
+	w.seq++
+	app, id, _ := cutName(w.name)
+	base := fmt.Sprintf("mbx.%d.%s.%s.bm", w.shard, app, id)
+	nc := bc.nodes.Node(w.node).Conn()
+	batch := fmt.Sprintf("%s-%d", id, w.seq)
+	env := nats.NewMsg(base + ".e")
+	env.Data = envelope(w.seq)
+	env.Header.Set("Nats-Batch-Id", batch)
+	env.Header.Set("Nats-Batch-Sequence", "1")
+	env.Header.Set("Er-Seq", strconv.FormatUint(w.seq, 10))
+	if err := nc.PublishMsg(env); err != nil {
+		return err
+	}
+	head := nats.NewMsg(base + ".h")
+	head.Data = []byte("AQoKgBAA2K7o5eOb_hjYruj_lLKm2hsBAQMBAgMBAQA") // a head's size
+	head.Header.Set("Nats-Batch-Id", batch)
+	head.Header.Set("Nats-Batch-Sequence", "2")
+	head.Header.Set("Nats-Batch-Commit", "1")
+	head.Header.Set("Nats-Rollup", "sub")
+	head.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(w.headRev, 10))
+	resp, err := nc.RequestMsgWithContext(ctx, head)
+	if err != nil {
+		return err
+	}
+	var ack struct {
+		Seq   uint64 `json:"seq"`
+		Error *struct {
+			Desc string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &ack); err != nil {
+		return err
+	}
+	if ack.Error != nil {
+		return fmt.Errorf("batch: %s", ack.Error.Desc)
+	}
+	w.headRev = ack.Seq
+	return nil
+}
+
+// watchLatency: a write through node 0, its delivery to a watcher on node
+// 2, one write at a time; the time from the start of the Put to Deliver.
+func (bc *bench) watchLatency(b *testing.B) {
+	name := fmt.Sprintf("bench/watch%d-mailbox0000000", bc.runs.Add(1))
+	var mu sync.Mutex
+	sent := make(map[uint64]time.Time)
+	got := make(chan time.Duration, 1)
+	w, err := bc.stores[2].Watch(context.Background(), name, 'p', mailboxjs.WatchConfig{
+		Deliver: func(seq uint64, env []byte) {
+			mu.Lock()
+			t0 := sent[seq]
+			mu.Unlock()
+			got <- time.Since(t0)
+		},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		seq := uint64(i + 1)
+		mu.Lock()
+		sent[seq] = time.Now()
+		mu.Unlock()
+		if _, err := bc.stores[0].Put(context.Background(), name, 'p', seq, envelope(seq), unlimited, time.Now().UnixNano()); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case d := <-got:
+			lat = append(lat, d)
+		case <-time.After(10 * time.Second):
+			b.Fatalf("envelope %d not delivered", seq)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
