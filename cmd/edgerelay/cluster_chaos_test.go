@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // claimThrough sends one channel claim through the balancer, retrying
@@ -142,6 +147,150 @@ func TestSIGKILLClusterNodesDuringRacingClaims(t *testing.T) {
 		}
 		if holders != 1 {
 			t.Fatalf("key %d: %d racers hold it, want exactly 1", i, holders)
+		}
+	}
+}
+
+// streamLeader names the node that leads a JetStream stream, asked through
+// one node's embedded server.
+func streamLeader(t *testing.T, natsAddr, stream string) string {
+	t.Helper()
+	nc, err := nats.Connect("nats://" + natsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("stream %s: no leader (%v)", stream, err)
+	}
+	return info.Cluster.Leader
+}
+
+// TestSIGKILLClusterStreamLeaderDuringClaims: the node leading the stream
+// of the channel's claim keys is killed with SIGKILL while clients claim
+// keys through HAProxy without pause. Claims answer 503 with Retry-After
+// (or lose their connection with the dying node) for at most the election
+// time, then go on; every claim answered 200 holds, through every node.
+func TestSIGKILLClusterStreamLeaderDuringClaims(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"channel"})
+	lb := startHAProxy(t, c, "channel")
+	const nKeys = 120
+	keys := make([]string, nKeys)
+	for i := range keys {
+		keys[i] = lastLine(cliOK(t, c.nodeEnv(i%3), "keys", "channel", "add", "--host", fmt.Sprintf("box%d", i)))
+	}
+	type outcome struct {
+		at     time.Time
+		status int
+		retry  string
+		owner  string
+	}
+	var mu sync.Mutex
+	var outcomes []outcome
+	var wg sync.WaitGroup
+	next := make(chan int, nKeys)
+	for i := range keys {
+		next <- i
+	}
+	close(next)
+	killed := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for i := range next {
+				owner := randHex(t)
+				body := fmt.Sprintf(`{"ownerToken":%q,"phoneToken":%q}`, owner, randHex(t))
+				for {
+					req, _ := http.NewRequest("POST", "http://"+lb.addrs["channel"]+"/claim", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+keys[i])
+					resp, err := freshClient(nil).Do(req)
+					o := outcome{at: time.Now(), owner: owner}
+					if err == nil {
+						resp.Body.Close()
+						o.status, o.retry = resp.StatusCode, resp.Header.Get("Retry-After")
+					}
+					mu.Lock()
+					outcomes = append(outcomes, o)
+					mu.Unlock()
+					if o.status == http.StatusOK || o.status == http.StatusConflict {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				// Pace the claims so that they span the election.
+				select {
+				case <-killed:
+					time.Sleep(50 * time.Millisecond)
+				default:
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	leader := streamLeader(t, c.nats[0], "KV_er_chan_keys")
+	var victim *relayProc
+	for i, n := range c.nodes {
+		if fmt.Sprintf("node%d", i) == leader {
+			victim = n
+		}
+	}
+	if victim == nil {
+		t.Fatalf("leader %q is none of the nodes", leader)
+	}
+	killedAt := time.Now()
+	victim.kill()
+	close(killed)
+	wg.Wait()
+	victim.start()
+
+	// The longest stretch without a 200 after the kill, and what the
+	// clients saw meanwhile.
+	slices.SortFunc(outcomes, func(a, b outcome) int { return a.at.Compare(b.at) })
+	var last200 time.Time
+	var gap time.Duration
+	refused := 0
+	for _, o := range outcomes {
+		switch {
+		case o.status == http.StatusOK:
+			if o.at.After(killedAt) {
+				from := killedAt
+				if last200.After(from) {
+					from = last200
+				}
+				gap = max(gap, o.at.Sub(from))
+			}
+			last200 = o.at
+		case o.status == http.StatusServiceUnavailable:
+			refused++
+			if o.retry == "" {
+				t.Fatal("a 503 without Retry-After")
+			}
+		case o.status == 0, o.status == http.StatusConflict:
+		default:
+			t.Fatalf("a claim answered %d during the election", o.status)
+		}
+	}
+	t.Logf("leader %s killed: longest time without an acknowledged claim %s, %d answers 503", leader, gap.Round(10*time.Millisecond), refused)
+	if gap > 15*time.Second {
+		t.Fatalf("claims stopped for %s after the leader died (the election takes 4-9 s)", gap)
+	}
+	for _, n := range c.nodes {
+		waitReadyz(t, n, http.StatusOK, 30*time.Second)
+	}
+	for _, o := range outcomes {
+		if o.status == http.StatusOK && !ownerWorks(t, lb.addrs["channel"], o.owner) {
+			t.Fatal("an acknowledged claim was lost with the leader")
 		}
 	}
 }
