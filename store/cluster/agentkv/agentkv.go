@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,6 +70,10 @@ const staleAfter = 30 * time.Second
 // kept after its expiry (as in the Pebble store), so a retry says why.
 const pairingRetention = 24 * time.Hour
 
+// pruneEvery is how often at most a node prunes spent and expired pairing
+// keys: records live a day past their expiry, so ten minutes more is noise.
+const pruneEvery = 10 * time.Minute
+
 // Store is the agent relay's records shared by every node of a cluster. It
 // implements store.AgentRecords.
 type Store struct {
@@ -77,6 +82,9 @@ type Store struct {
 	stream jetstream.Stream
 	// staleAfter is the constant staleAfter; tests shorten it.
 	staleAfter time.Duration
+	// lastPrune is the time (unix ns, the callers' clock) of this node's
+	// last pruning of pairing keys (see AddPairingKey).
+	lastPrune atomic.Int64
 }
 
 var _ store.AgentRecords = (*Store)(nil)
@@ -404,9 +412,10 @@ func (s *Store) accountByClient(ctx context.Context, e jetstream.KeyValueEntry, 
 }
 
 // AddPairingKey stores a pairing key hash for account, valid until expires,
-// then prunes the records of keys that expired more than a day ago (best
-// effort: the next add prunes what this one could not), so the bucket stays
-// bounded however many keys an operator mints.
+// then prunes the records of keys that expired more than a day ago, so the
+// bucket stays bounded however many keys an operator mints. Pruning reads
+// every pairing record (one round trip each), so a node prunes at most once
+// per pruneEvery, and best effort: the next one prunes what it could not.
 func (s *Store) AddPairingKey(h store.Hash, account string, now, expires time.Time) error {
 	if err := s.writable("add pairing key"); err != nil {
 		return err
@@ -426,7 +435,9 @@ func (s *Store) AddPairingKey(h store.Hash, account string, now, expires time.Ti
 		}
 		return cluster.Fail("add pairing key", err)
 	}
-	s.prune(ctx, now)
+	if last := s.lastPrune.Load(); now.UnixNano()-last >= int64(pruneEvery) && s.lastPrune.CompareAndSwap(last, now.UnixNano()) {
+		s.prune(ctx, now)
+	}
 	return nil
 }
 

@@ -423,3 +423,46 @@ func TestImportFromPebble(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCluster measures an instance token lookup (what every link
+// handshake pays) and a pairing (add a key, redeem it), each through another
+// node than the one that wrote: go test -run X -bench Cluster -benchtime 300x ./store/cluster/agentkv/
+func BenchmarkCluster(b *testing.B) {
+	nodes := clustertest.Start(b, 3)
+	var ss []*Store
+	for i := range 3 {
+		s, err := New(clustertest.Context(b), nodes.Node(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	now := time.Now()
+	if err := ss[0].AddAccount("acc", "alice", hash("client"), now); err != nil {
+		b.Fatal(err)
+	}
+	if err := ss[0].AddPairingKey(hash("pk"), "acc", now, now.Add(time.Hour)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := ss[0].RedeemPairingKey(hash("pk"), "inst", "n", hash("itok"), now); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("InstanceByToken", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			if _, err := ss[1+i%2].InstanceByToken(hash("itok")); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Redeem", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			key := fmt.Sprint("pk", i)
+			if err := ss[i%3].AddPairingKey(hash(key), "acc", now, now.Add(time.Hour)); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := ss[(i+1)%3].RedeemPairingKey(hash(key), "inst-"+key, "n", hash(key+"t"), now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -450,3 +450,43 @@ func TestImportFromPebble(t *testing.T) {
 		t.Fatalf("import over a newer state: %v", err)
 	}
 }
+
+// BenchmarkCluster measures a token lookup (what every control socket and
+// phone channel pays) and a claim, each through another node than the one
+// that wrote: go test -run X -bench Cluster -benchtime 300x ./store/cluster/channelkv/
+func BenchmarkCluster(b *testing.B) {
+	nodes := clustertest.Start(b, 3)
+	var cs []*Claims
+	for i := range 3 {
+		c, err := New(clustertest.Context(b), nodes.Node(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	now := time.Now()
+	if err := cs[0].AddKey(hash("bench-k"), "bench", now); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cs[0].Claim(hash("bench-k"), hash("bench-o"), hash("bench-p"), now); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("ByOwner", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			if _, err := cs[1+i%2].ByOwner(hash("bench-o")); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("AddKeyAndClaim", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			key := fmt.Sprint("bench-k", i)
+			if err := cs[i%3].AddKey(hash(key), "bench-"+key, now); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := cs[(i+1)%3].Claim(hash(key), hash(key+"o"), hash(key+"p"), now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
