@@ -18,6 +18,8 @@ const clusterUsage = `usage:
                                           so that the next node to start records its value: how a setting that
                                           must agree on every node is changed (change it on every node, forget
                                           it, restart the nodes)
+  edgerelay cluster import --from DIR     move a single node's whole store (the data dir DIR, its server
+                                          stopped) into the cluster; idempotent: run it again after a failure
 
 The cluster commands connect to the cluster's NATS as a client: RELAY_NATS_URL (with
 RELAY_NATS_CREDS, RELAY_NATS_TLS_CA), which for embedded servers is any node's
@@ -31,10 +33,22 @@ func runCluster(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fs := flag.NewFlagSet("cluster", flag.ContinueOnError)
+	from := fs.String("from", "", "data dir of the single node to import (cluster import)")
 	if code, ok := parseFlags(fs, args[1:], clusterUsage, stdout, stderr); !ok {
 		return code
 	}
 	switch args[0] {
+	case "import":
+		if *from == "" || fs.NArg() != 0 {
+			return usageError(stderr, "cluster import", "give the single node's data dir as --from DIR", clusterUsage)
+		}
+		err := withClusterClient(func(ctx context.Context, c *cluster.Cluster) error { return clusterImport(ctx, c, *from, stdout) })
+		if err != nil {
+			fmt.Fprintf(stderr, "edgerelay cluster import: %v\n", err)
+			return 1
+		}
+		fmt.Fprintln(stdout, "imported: the cluster now holds the single node's state")
+		return 0
 	case "forget-setting":
 		if fs.NArg() != 1 {
 			return usageError(stderr, "cluster forget-setting", "name one setting", clusterUsage)
