@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"edgerelay/store"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/storetest"
@@ -216,6 +218,52 @@ func TestClusterAgent(t *testing.T) {
 		}
 		if a, err := ss[1].AccountByName("dave"); err != nil || a.ID != "dave-1" {
 			t.Fatalf("by name: %+v %v", a, err)
+		}
+	})
+
+	t.Run("ListsManyRecords", func(t *testing.T) {
+		const n = 150
+		for i := range n {
+			if err := ss[i%3].AddAccount(fmt.Sprint("many-", i), fmt.Sprint("many-", i), hash(fmt.Sprint("many-c", i)), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		accounts, err := ss[2].Accounts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for i, a := range accounts {
+			if i > 0 && accounts[i-1].Name > a.Name {
+				t.Fatalf("not ordered: %q before %q", accounts[i-1].Name, a.Name)
+			}
+			if len(a.Name) > 5 && a.Name[:5] == "many-" {
+				seen++
+			}
+		}
+		if seen != n {
+			t.Fatalf("%d of %d accounts listed", seen, n)
+		}
+	})
+
+	// Last: it prunes every pairing key above.
+	t.Run("PruneLeavesNoMarker", func(t *testing.T) {
+		if err := ss[0].AddPairingKey(hash("old-pk"), "acc", now, now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		later := now.Add(time.Minute + pairingRetention + time.Second)
+		if err := ss[1].AddPairingKey(hash("new-pk"), "acc", later, later.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter("$KV."+Bucket+"."+pairingKey(hash("old-pk"))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.State.Subjects) != 0 {
+			t.Fatalf("pruned key left %v in the stream", info.State.Subjects)
+		}
+		if _, err := ss[2].RedeemPairingKey(hash("old-pk"), "old-i", "n", hash("old-t"), later); !errors.Is(err, store.ErrPairingUnknown) {
+			t.Fatalf("pruned key: %v", err)
 		}
 	})
 }

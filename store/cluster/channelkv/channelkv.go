@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -291,18 +292,24 @@ func (s *Claims) Keys() ([]store.ChannelKey, error) {
 	if err != nil {
 		return nil, cluster.Fail("list claim keys", err)
 	}
-	out := make([]store.ChannelKey, 0, len(info.State.Subjects))
+	var hashes []store.Hash
 	for subj := range info.State.Subjects {
-		h, ok := parseHash([]byte(strings.TrimPrefix(subj, prefix)))
-		if !ok {
-			continue
+		if h, ok := parseHash([]byte(strings.TrimPrefix(subj, prefix))); ok {
+			hashes = append(hashes, h)
 		}
-		rec, _, err := s.record(ctx, h)
-		if err != nil {
-			return nil, err
-		}
+	}
+	recs := make([]*record, len(hashes))
+	err = each(len(hashes), func(i int) (err error) {
+		recs[i], _, err = s.record(ctx, hashes[i])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.ChannelKey, 0, len(hashes))
+	for i, rec := range recs {
 		if rec != nil { // nil: a revoked key's delete marker
-			out = append(out, toChannelKey(h, rec))
+			out = append(out, toChannelKey(hashes[i], rec))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
@@ -633,6 +640,35 @@ func (s *Claims) Revoke(host string) (store.ChannelKey, error) {
 		return k, nil
 	}
 	return store.ChannelKey{}, cluster.Fail("revoke "+host, errors.New("the key record kept changing"))
+}
+
+// listWorkers bounds the reads a listing has in flight: a list of thousands
+// of records takes its round trips side by side rather than one after the
+// other (0.15 ms each through another node), within one operation timeout.
+const listWorkers = 8
+
+// each calls fn for every index below n with at most listWorkers calls at
+// once, and returns the first error.
+func each(n int, fn func(i int) error) error {
+	sem := make(chan struct{}, listWorkers)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(i); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
 }
 
 // ErrImportConflict is returned by Import for a key the cluster already
