@@ -341,7 +341,8 @@ func splitCommand(argv []string) (command, positional, flags []string) {
 func isCommandWord(w string) bool {
 	switch w {
 	case "serve", "keys", "channel", "agent", "push", "conformance", "version",
-		"add", "list", "revoke", "create", "disable", "enable", "relay-key", "account", "pair-key", "instance":
+		"add", "list", "revoke", "create", "disable", "enable", "relay-key", "account", "pair-key", "instance",
+		"cluster", "import", "forget-setting":
 		return true
 	}
 	return false
