@@ -304,6 +304,12 @@ func (h *Handler) Attachments(id string) int {
 	return len(in.atts)
 }
 
+// Revoked closes the link and the clients of instance id, as a revocation
+// through this node does (Keys.RevokeInstance): for one made through
+// another node of a cluster (the cluster backend's watch calls it). Nothing
+// happens when this node holds neither.
+func (h *Handler) Revoked(id string) { h.disconnect(id) }
+
 // disconnect ends everything of a revoked instance: its link is closed and
 // its clients with 1008. New links and attachments are refused by the
 // store from then on; one past its check but not yet registered sees

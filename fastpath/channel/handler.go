@@ -222,6 +222,13 @@ func (h *Handler) Revoke(host string) error {
 	return nil
 }
 
+// Forget closes the control socket and phone channels of the computer
+// whose claim key hashes to key, as a release or revocation through this
+// node does: for one made through another node of a cluster (the cluster
+// backend's watch calls it). Nothing happens when this node holds none of
+// that computer's sockets.
+func (h *Handler) Forget(key store.Hash) { h.disconnect(key, ws.CloseNormal) }
+
 // Connected reports whether the computer of claim key hash has its control
 // socket open, for the operator's key list.
 func (h *Handler) Connected(key store.Hash) bool {

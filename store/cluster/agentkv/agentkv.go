@@ -824,3 +824,43 @@ func each(n int, fn func(i int) error) error {
 	wg.Wait()
 	return first
 }
+
+// WatchRevoked calls fn, from one goroutine, with the id of every instance
+// revoked through any node from now until ctx ends, so that the node
+// holding its link or clients closes them (agent.Handler.Revoked). For a
+// revocation through this node the handler has closed them already and fn
+// finds nothing to close. The watch is an ordered consumer, which resumes
+// by itself after a reconnect.
+func (s *Store) WatchRevoked(ctx context.Context, fn func(id string)) error {
+	w, err := s.kv.Watch(ctx, "inst.>", jetstream.UpdatesOnly())
+	if err != nil {
+		return cluster.Fail("watch instances", err)
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for {
+			var e jetstream.KeyValueEntry
+			var ok bool
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok = <-w.Updates():
+			}
+			if !ok {
+				return
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			id, err := hex.DecodeString(strings.TrimPrefix(e.Key(), "inst."))
+			if err != nil {
+				continue
+			}
+			var rec instanceRecord
+			if json.Unmarshal(e.Value(), &rec) == nil && rec.Revoked {
+				fn(string(id))
+			}
+		}
+	}()
+	return nil
+}

@@ -1,6 +1,7 @@
 package agentkv
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -102,6 +103,44 @@ func TestClusterAgent(t *testing.T) {
 		insts, err := ss[1].Instances()
 		if err != nil || len(insts) != rounds {
 			t.Fatalf("%d instances from %d keys: %v", len(insts), rounds, err)
+		}
+	})
+
+	t.Run("RevocationReachesEveryNodesWatch", func(t *testing.T) {
+		got := make(chan string, 16)
+		wctx, stop := context.WithCancel(t.Context())
+		defer stop()
+		if err := ss[2].WatchRevoked(wctx, func(id string) { got <- id }); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"w-1", "w-2"} {
+			if err := ss[0].AddPairingKey(hash(k), "acc", now, now.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ss[1].RedeemPairingKey(hash(k), "inst-"+k, "n", hash(k+"t"), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, id := range []string{"inst-w-2", "inst-w-1", "inst-w-1"} { // the second revoke changes nothing
+			if _, err := ss[0].RevokeInstance(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Pairings say nothing: the calls are the two revocations, in order.
+		for _, want := range []string{"inst-w-2", "inst-w-1"} {
+			select {
+			case id := <-got:
+				if id != want {
+					t.Fatalf("watch: got %s, want %s", id, want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("watch: no call for %s", want)
+			}
+		}
+		select {
+		case id := <-got:
+			t.Fatalf("watch: a call for %s after the revocations", id)
+		case <-time.After(100 * time.Millisecond):
 		}
 	})
 

@@ -742,3 +742,47 @@ func valueOf(e jetstream.KeyValueEntry) []byte {
 	}
 	return e.Value()
 }
+
+// WatchForgotten calls fn, from one goroutine, with the key hash of every
+// claim released or revoked through any node from now until ctx ends, so
+// that the node holding that computer's sockets closes them, as the spec
+// wants of a release or revocation (channel.Handler.Forget). For one made
+// through this node the handler has closed them already and fn finds
+// nothing to close. The watch is an ordered consumer, which resumes by
+// itself after a reconnect.
+func (s *Claims) WatchForgotten(ctx context.Context, fn func(store.Hash)) error {
+	w, err := s.kv.Watch(ctx, "claim.>", jetstream.UpdatesOnly())
+	if err != nil {
+		return cluster.Fail("watch claim keys", err)
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for {
+			var e jetstream.KeyValueEntry
+			var ok bool
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok = <-w.Updates():
+			}
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			h, ok := parseHash([]byte(strings.TrimPrefix(e.Key(), "claim.")))
+			if !ok {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut { // revoked
+				fn(h)
+				continue
+			}
+			if rec, err := decode(e.Value()); err == nil && rec.Used && !rec.Claimed { // released
+				fn(h)
+			}
+		}
+	}()
+	return nil
+}

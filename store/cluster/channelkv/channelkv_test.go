@@ -1,6 +1,7 @@
 package channelkv
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -136,6 +137,41 @@ func TestClusterClaims(t *testing.T) {
 
 	ctx := clustertest.Context(t)
 	c := cs[1]
+
+	t.Run("ReleaseAndRevokeReachEveryNodesWatch", func(t *testing.T) {
+		got := make(chan store.Hash, 16)
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		if err := cs[2].WatchForgotten(wctx, func(h store.Hash) { got <- h }); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"w-rel", "w-rev"} {
+			if err := cs[0].AddKey(hash(k), k, now); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cs[1].Claim(hash(k), hash(k+"o"), hash(k+"p"), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cs[0].Release(hash("w-relo")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs[1].Revoke("w-rev"); err != nil {
+			t.Fatal(err)
+		}
+		// Adds and claims say nothing: the first two calls are the release
+		// and the revocation, in order.
+		for _, want := range []string{"w-rel", "w-rev"} {
+			select {
+			case h := <-got:
+				if h != hash(want) {
+					t.Fatalf("watch: got %x, want %s", h[:4], want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("watch: no call for %s", want)
+			}
+		}
+	})
 
 	t.Run("HintsWithoutClaimReachNothing", func(t *testing.T) {
 		// A node wrote both hints, then crashed before the record's
