@@ -31,7 +31,10 @@
 //     account is an add in flight for staleAfter, then stale (a crash).
 //   - A revocation is a compare-and-set of the instance record; every read
 //     goes to the stream leader, so the token is refused on every node from
-//     the moment RevokeInstance returns.
+//     the moment RevokeInstance returns, and WatchRevoked tells every node,
+//     so that the one holding the link or clients closes them.
+//
+// Import* move a single node's records in.
 //
 // Every NATS failure comes back wrapping store.ErrUnavailable (503 with
 // Retry-After); a write is refused at once while the node's readiness says

@@ -33,7 +33,9 @@
 //
 // Releases and revocations change the record first (the tokens stop working
 // at once, on every node, because every read goes to the stream leader) and
-// then drop the hints they made stale, best effort.
+// then drop the hints they made stale, best effort. WatchForgotten tells
+// every node of them, so that the node holding the computer's sockets
+// closes them. Import moves a single node's keys in.
 //
 // Every NATS failure comes back wrapping store.ErrUnavailable (503 with
 // Retry-After); a write is refused at once while the node's readiness says
