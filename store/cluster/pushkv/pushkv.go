@@ -105,13 +105,16 @@ type Gateway struct {
 	keys, rate, claims, reg jetstream.KeyValue
 	budget                  jetstream.Stream
 
-	watcher jetstream.KeyWatcher
-	done    chan struct{}
+	keysStream jetstream.Stream // the keys bucket's stream, for the watch's health check
+	stop       chan struct{}
+	closing    sync.Once
+	bg         sync.WaitGroup // the watch supervisor and the watchers' readers
 
 	// The key mirror. rev is the KV revision each key id was last seen at
-	// (gone: deleted at), so that the watcher and this node's own writes
-	// can apply in any order and the newest wins; watched is the highest
-	// revision the watcher has applied: anything at or below it is known.
+	// (gone: deleted at), so that the watch and this node's own writes can
+	// apply in any order and the newest wins; watched is the highest
+	// revision of the bucket the watch has delivered (any scope): anything
+	// at or below it is known.
 	mu      sync.RWMutex
 	byHash  map[store.Hash]*store.PushKey
 	byID    map[string]*mirrored
@@ -138,7 +141,7 @@ func New(ctx context.Context, c *cluster.Cluster, scope store.PushScope) (*Gatew
 	g := &Gateway{
 		c: c, js: c.JetStream(), scope: scope, prefix: string(rune(scope)) + ".",
 		byHash: make(map[store.Hash]*store.PushKey), byID: make(map[string]*mirrored), gone: make(map[string]uint64),
-		done: make(chan struct{}),
+		stop: make(chan struct{}),
 	}
 	var err error
 	for _, b := range []struct {
@@ -174,13 +177,11 @@ func New(ctx context.Context, c *cluster.Cluster, scope store.PushScope) (*Gatew
 	return g, nil
 }
 
-// Close stops the key watcher; the mirror keeps what it has.
+// Close stops the key watch; the mirror keeps what it has. A second
+// Close does nothing.
 func (g *Gateway) Close() error {
-	err := g.watcher.Stop()
-	<-g.done
-	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		return fmt.Errorf("pushkv: stop key watcher: %w", err)
-	}
+	g.closing.Do(func() { close(g.stop) })
+	g.bg.Wait()
 	return nil
 }
 
@@ -247,65 +248,6 @@ func sleepJitter(round int) {
 // ---- keys ----
 
 func (g *Gateway) keyKey(id string) string { return g.prefix + id }
-
-// startWatch loads every key of the scope and keeps the mirror current.
-func (g *Gateway) startWatch(ctx context.Context) error {
-	w, err := g.keys.Watch(ctx, g.prefix+">")
-	if err != nil {
-		return fmt.Errorf("pushkv: %w", cluster.Fail("watch keys", err))
-	}
-	g.watcher = w
-	loaded := make(chan struct{})
-	go func() {
-		defer close(g.done)
-		initial := true
-		for e := range w.Updates() {
-			if e == nil { // every key that existed at the start is in
-				if initial {
-					initial = false
-					close(loaded)
-				}
-				continue
-			}
-			g.applyWatched(e)
-		}
-		if initial {
-			close(loaded)
-		}
-	}()
-	select {
-	case <-loaded:
-		return nil
-	case <-ctx.Done():
-		_ = w.Stop()
-		<-g.done
-		return fmt.Errorf("pushkv: %w", cluster.Fail("load keys", context.Cause(ctx)))
-	}
-}
-
-// applyWatched applies one entry of the watcher. A record that does not
-// decode is skipped (and reported by nothing: only this package writes
-// there); its previous version is dropped rather than kept.
-func (g *Gateway) applyWatched(e jetstream.KeyValueEntry) {
-	id := e.Key()[len(g.prefix):]
-	var k *store.PushKey
-	if e.Operation() == jetstream.KeyValuePut {
-		if rec, err := store.DecodePushKey(e.Value()); err == nil {
-			k = &rec
-		}
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.apply(id, e.Revision(), k)
-	if e.Revision() > g.watched {
-		g.watched = e.Revision()
-	}
-	if k == nil {
-		// The watcher has passed this delete: a stale write of this node
-		// is below watched now, so the tombstone has done its work.
-		delete(g.gone, id)
-	}
-}
 
 // applyOwn applies this node's own acknowledged write at once.
 func (g *Gateway) applyOwn(id string, rev uint64, k *store.PushKey) {

@@ -265,23 +265,31 @@ func TestStoppedNodesClaimReleased(t *testing.T) {
 	_ = gs[1].Close()
 	c.Stop(1)
 	stopped := time.Now()
-	if _, err := gs[0].Claim(fresh, "Y", now); !errors.Is(err, store.ErrTokenClaimed) {
-		t.Fatalf("claim of a live node's in-flight token: %v", err)
-	}
+	// Until the stop is seen, the node's send holds the token. Streams led
+	// by the stopped node elect a new leader first: meanwhile the store
+	// answers ErrUnavailable (a 503 at the handler), and the poll retries.
+	refused := false
 	for {
 		tk, err := gs[0].Claim(fresh, "Y", now)
-		if err == nil {
+		switch {
+		case err == nil:
+			if !refused {
+				t.Fatal("another key took the token while its owner's send was in flight")
+			}
 			t.Logf("released %v after the stop", time.Since(stopped))
 			if err := gs[2].Settle(tk, true); err != nil {
 				t.Fatal(err)
 			}
-			break
-		}
-		if !errors.Is(err, store.ErrTokenClaimed) {
+		case errors.Is(err, store.ErrTokenClaimed):
+			refused = true
+		case !errors.Is(err, store.ErrUnavailable):
 			t.Fatal(err)
 		}
+		if err == nil {
+			break
+		}
 		if time.Since(stopped) > 20*time.Second {
-			t.Fatal("the stopped node's claim still pins the token after 20 s")
+			t.Fatalf("the stopped node's claim still pins the token after 20 s (last: %v)", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -345,5 +353,41 @@ func TestNoQuorumIsUnavailable(t *testing.T) {
 	}
 	if got, ok := g.KeyByHash(k.Hash); !ok || !got.Enabled {
 		t.Fatalf("key lookup without quorum: %+v %v", got, ok)
+	}
+
+	// Quorum back: node 0's key watcher, which lived through the outage,
+	// still delivers a revoke written through another node.
+	n1 := c.Restart(1)
+	for n1.Unavailable() != nil || c.Node(0).Unavailable() != nil {
+		if time.Now().After(deadline.Add(15 * time.Second)) {
+			t.Fatal("quorum not back after a restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	g1, err := pushkv.New(clustertest.Context(t), n1, store.PushScopeShared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g1.Close()
+	for {
+		err := g1.DeleteKey("Q")
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline.Add(25*time.Second)) {
+			t.Fatalf("revoke after the outage: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	revoked := time.Now()
+	for {
+		if _, ok := g.KeyByHash(k.Hash); !ok {
+			t.Logf("revoke after the outage reached node 0 in %v", time.Since(revoked))
+			break
+		}
+		if time.Since(revoked) > storetest.PushSync {
+			t.Fatalf("node 0 still knows the key %v after a revoke written once quorum was back", storetest.PushSync)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
