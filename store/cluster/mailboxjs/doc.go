@@ -47,7 +47,8 @@
 // See Watch: subscribe to the RePublish subject er.w.<app>.<id>.<dir>.>
 // first, then read the head from the leader and backfill up to it; drop
 // republished messages at or below the last handled; every message names
-// its predecessor (Er-Prev), so a gap is read back from the stream. The
+// its predecessor (the Nats-Expected-Last-Subject-Sequence of its own
+// compare-and-set), so a gap is read back from the stream. The
 // NATS callback only appends to a bounded queue; Deliver runs on the
 // watch's goroutine.
 //

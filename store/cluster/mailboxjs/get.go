@@ -2,6 +2,7 @@ package mailboxjs
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,14 +22,15 @@ type msg struct {
 	data    []byte
 }
 
-func (m *msg) clientSeq() uint64 {
-	v, _ := strconv.ParseUint(m.hdr.Get(hdrSeq), 10, 64)
-	return v
-}
+// clientSeq is an envelope's sequence, from its own bytes (0 for a
+// message that is no envelope).
+func (m *msg) clientSeq() uint64 { return envelopeSeq(m.data) }
 
-func (m *msg) prev() uint64 {
-	v, _ := strconv.ParseUint(m.hdr.Get(hdrPrev), 10, 64)
-	return v
+func envelopeSeq(env []byte) uint64 {
+	if len(env) < 9 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(env[1:9])
 }
 
 var errNoMsg = errors.New("mailboxjs: no such message")

@@ -13,10 +13,11 @@ import (
 // Header names of the layout. Nats-* are the server's; Er-* are ours and
 // travel with RePublish to watchers.
 const (
-	hdrSeq      = "Er-Seq"  // client sequence of an envelope
-	hdrCum      = "Er-Cum"  // running total of in-order envelope bytes, this one included
-	hdrPrev     = "Er-Prev" // stream sequence of the direction's previous message (the head revision it replaced)
-	hdrHead     = "Er-Head" // the direction's head after this message (base64url of encodeHead)
+	hdrHead = "Er-Head" // the direction's head after this message (base64url of encodeHead)
+	// hdrExpSeq is the compare-and-set: the stream sequence of the
+	// direction's previous message. The server keeps it with the message
+	// and RePublish passes it on, so it is also the link a watcher
+	// checks its chain with.
 	hdrExpSeq   = "Nats-Expected-Last-Subject-Sequence"
 	hdrExpSubj  = "Nats-Expected-Last-Subject-Sequence-Subject"
 	hdrRollup   = "Nats-Rollup"
@@ -37,7 +38,9 @@ const (
 // message under mbx.<k>.<app>.<id>.<dir>.> and its revision is that
 // message's stream sequence: every message there is written with a
 // compare-and-set on it (Nats-Expected-Last-Subject-Sequence with
-// -Subject set to the wildcard), so the chain of Er-Prev is exact.
+// -Subject set to the wildcard), so each message names its predecessor
+// exactly. An envelope's client sequence is its own bytes 1..8 (the
+// relay checked them against the URL), so it needs no header.
 type names struct {
 	shard  int
 	stream string
@@ -112,8 +115,8 @@ type Head struct {
 	Active      int64  // unix ns of the last write
 	FirstStream uint64 // no in-order envelope kept has a stream sequence below this
 	// CumInOrder is the bytes of every in-order envelope ever written since
-	// the last erase; each carries its own running total in Er-Cum.
-	// PrunedCum is the part of it that prunes removed: a prune learns the
+	// the last erase (so each in-order envelope's head holds the running
+	// total through itself). PrunedCum is the part of it that prunes removed: a prune learns the
 	// bytes it frees from the first envelope it keeps, without reading the
 	// ones it drops.
 	CumInOrder, PrunedCum uint64

@@ -3,6 +3,7 @@ package mailboxjs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -42,8 +43,11 @@ func (s *Store) Prune(ctx context.Context, name string, dir byte, through uint64
 		}
 		cumBefore := h.CumInOrder
 		if keep != nil {
-			c, _ := strconv.ParseUint(keep.hdr.Get(hdrCum), 10, 64)
-			cumBefore = c - uint64(len(keep.data))
+			kh, err := decodeHead(keep.hdr.Get(hdrHead), keep.seq)
+			if err != nil {
+				return fmt.Errorf("mailboxjs: prune %s: %w", name, err)
+			}
+			cumBefore = kh.CumInOrder - uint64(len(keep.data))
 			next.FirstStream = keep.seq
 		}
 		freed := cumBefore - h.PrunedCum
@@ -74,7 +78,6 @@ func (s *Store) Prune(ctx context.Context, name string, dir byte, through uint64
 			next.Bytes = 0
 		}
 		hdr := nats.Header{
-			hdrPrev:    {strconv.FormatUint(h.Rev, 10)},
 			hdrExpSeq:  {strconv.FormatUint(h.Rev, 10)},
 			hdrExpSubj: {n.dirAll(dir)},
 			hdrHead:    {encodeHead(&next)},

@@ -384,16 +384,12 @@ func (s *Store) Put(ctx context.Context, name string, dir byte, seq uint64, env 
 		}
 		subject := n.inOrder(dir)
 		hdr := nats.Header{
-			hdrSeq:     {strconv.FormatUint(seq, 10)},
-			hdrPrev:    {strconv.FormatUint(h.Rev, 10)},
 			hdrExpSeq:  {strconv.FormatUint(h.Rev, 10)},
 			hdrExpSubj: {n.dirAll(dir)},
 			hdrHead:    {encodeHead(next)},
 		}
 		if next.isOutOfOrder(seq) {
 			subject = n.ooo(dir, seq)
-		} else {
-			hdr.Set(hdrCum, strconv.FormatUint(next.CumInOrder, 10))
 		}
 		ack, err := s.publish(ctx, subject, env, hdr)
 		if err == nil {

@@ -48,7 +48,8 @@ type WatchConfig struct {
 // It subscribes to the RePublish subject first, then reads the head
 // through the leader and backfills from the stream up to that head; a
 // republished message at or below the last one handled is dropped. Every
-// message of a direction names the one before it (Er-Prev, exact because
+// message of a direction names the one before it (its compare-and-set
+// header, Nats-Expected-Last-Subject-Sequence, exact because
 // each write compared-and-set on it), so a lost notification (a reconnect,
 // a slow consumer) shows as a gap at the next one and is read back from
 // the stream before it.
@@ -63,6 +64,9 @@ type Watch struct {
 	full  atomic.Bool
 	stop  chan struct{}
 	once  sync.Once
+	// readBacks counts the gaps read back from the stream (a test
+	// checks that a watcher that lost nothing reads nothing back).
+	readBacks atomic.Int64
 	done  chan struct{}
 }
 
@@ -194,10 +198,11 @@ func (w *Watch) loop(ctx context.Context, h Head) error {
 		if seq <= last {
 			continue // backfilled already
 		}
-		prev, _ := strconv.ParseUint(m.Header.Get(hdrPrev), 10, 64)
+		prev, _ := strconv.ParseUint(m.Header.Get(hdrExpSeq), 10, 64)
 		if prev != last {
 			// A gap: read what was missed from the stream, in order,
 			// then this message is a duplicate or next in line.
+			w.readBacks.Add(1)
 			var err error
 			if last, err = w.catchUp(ctx, last, seq); err != nil {
 				return err
@@ -207,17 +212,17 @@ func (w *Watch) loop(ctx context.Context, h Head) error {
 			}
 		}
 		last = seq
-		w.handle(m.Header.Get(hdrSeq), m.Subject, m.Data)
+		w.handle(m.Subject, m.Data)
 	}
 }
 
 // handle delivers a direction message if it is an envelope above After
 // (a prune mark only advances the chain).
-func (w *Watch) handle(seqHdr, subject string, data []byte) {
-	if strings.HasSuffix(subject, ".m") || seqHdr == "" {
+func (w *Watch) handle(subject string, data []byte) {
+	if strings.HasSuffix(subject, ".m") {
 		return
 	}
-	if c, _ := strconv.ParseUint(seqHdr, 10, 64); c > w.cfg.After {
+	if c := envelopeSeq(data); c > w.cfg.After {
 		w.cfg.Deliver(c, data)
 	}
 }
@@ -231,7 +236,7 @@ func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) 
 		_, err := w.s.directBatch(ctx, w.n.stream, w.n.dirAll(w.dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
 			got++
 			last = m.seq
-			w.handle(m.hdr.Get(hdrSeq), m.subject, m.data)
+			w.handle(m.subject, m.data)
 			return true
 		})
 		if err != nil {
