@@ -42,6 +42,9 @@ func envelope(seq uint64, b string) []byte {
 
 var noLimits = Limits{MaxStored: 4096, MaxStoredBytes: 32 << 20}
 
+// idle is RELAY_IDLE's default.
+const idle = 720 * time.Hour
+
 func mustPut(t *testing.T, s *Store, name string, dir byte, seq uint64, env []byte, want Outcome) PutResult {
 	t.Helper()
 	r, err := s.Put(clustertest.Context(t), name, dir, seq, env, noLimits, time.Now().UnixNano())
@@ -148,6 +151,7 @@ func TestMailboxOnThreeNodes(t *testing.T) {
 		{"PruneThenScan", testPruneThenScan},
 		{"EraseRemovesEverythingAndNotifies", testEraseRemovesEverythingAndNotifies},
 		{"ClaimOneWinnerAcrossNodes", testClaimOneWinnerAcrossNodes},
+		{"ClaimOfAnExpiredMailbox", testClaimOfAnExpiredMailbox},
 		{"PushRegistration", testPushRegistration},
 		{"WatchOverflowEnds", testWatchOverflowEnds},
 		{"SweeperUnderLease", testSweeperUnderLease},
@@ -395,7 +399,7 @@ func testEraseRemovesEverythingAndNotifies(t *testing.T, st []*Store) {
 	name := "app/erase000000000001"
 	tok := store.Hash{1}
 	ctx := clustertest.Context(t)
-	if o, err := st[0].Claim(ctx, name, tok, time.Now().UnixNano(), time.Hour); err != nil || o != ClaimCreated {
+	if o, err := st[0].Claim(ctx, name, tok, time.Now().UnixNano(), time.Hour, idle); err != nil || o != ClaimCreated {
 		t.Fatal(o, err)
 	}
 	mustPut(t, st[0], name, 'p', 1, envelope(1, "m1"), Created)
@@ -443,7 +447,7 @@ func testClaimOneWinnerAcrossNodes(t *testing.T, st []*Store) {
 	for i := range outcomes {
 		wg.Go(func() {
 			var err error
-			outcomes[i], err = st[i%3].Claim(clustertest.Context(t), name, store.Hash{byte(i % 2)}, now, time.Hour)
+			outcomes[i], err = st[i%3].Claim(clustertest.Context(t), name, store.Hash{byte(i % 2)}, now, time.Hour, idle)
 			if err != nil {
 				t.Error(err)
 			}
@@ -468,11 +472,72 @@ func testClaimOneWinnerAcrossNodes(t *testing.T, st []*Store) {
 	}
 	// A heartbeat moves the activity stamp once touchEvery has passed.
 	later := now + int64(2*time.Hour)
-	if o, err := st[1].Claim(clustertest.Context(t), name, rec.Token, later, time.Hour); err != nil || o != ClaimSame {
+	if o, err := st[1].Claim(clustertest.Context(t), name, rec.Token, later, time.Hour, idle); err != nil || o != ClaimSame {
 		t.Fatal(o, err)
 	}
 	if rec, _ := st[0].Mailbox(clustertest.Context(t), name); rec.LastActive != later {
 		t.Fatalf("heartbeat did not move LastActive: %d", rec.LastActive)
+	}
+}
+
+// A claim record older than idle is expired unless a write is younger;
+// an expired mailbox is claimed afresh, with nothing of the old holder's.
+func testClaimOfAnExpiredMailbox(t *testing.T, st []*Store) {
+	ctx := clustertest.Context(t)
+	t0 := time.Now().UnixNano()
+	a, b := store.Hash{0xa}, store.Hash{0xb}
+	claimAt := func(s *Store, name string, tok store.Hash, at int64) ClaimOutcome {
+		t.Helper()
+		o, err := s.Claim(ctx, name, tok, at, time.Hour, idle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	name := "app/expired0000000001"
+	claimAt(st[0], name, a, t0)
+	if _, err := st[0].Put(ctx, name, 'p', 1, envelope(1, "m1"), noLimits, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := st[0].SetPushRegistration(ctx, name, 'p', []byte("sealed")); err != nil {
+		t.Fatal(err)
+	}
+	// At exactly idle it is alive; one nanosecond past, it is gone.
+	if o := claimAt(st[1], name, b, t0+int64(idle)); o != ClaimTaken {
+		t.Fatalf("claim at idle: %d", o)
+	}
+	if o := claimAt(st[2], name, b, t0+int64(idle)+1); o != ClaimCreated {
+		t.Fatalf("claim past idle: %d", o)
+	}
+	if got := scanAll(t, st[0], name, 'p', 0); len(got) != 0 {
+		t.Fatalf("the old holder's envelopes survived: %v", got)
+	}
+	if _, err := st[1].PushRegistration(ctx, name, 'p'); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the old holder's registration survived: %v", err)
+	}
+	if rec, err := st[0].Mailbox(ctx, name); err != nil || rec.Token != b {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+	// A write younger than idle keeps a mailbox whose claim is older.
+	name = "app/expired0000000002"
+	claimAt(st[0], name, a, t0)
+	if _, err := st[1].Put(ctx, name, 'c', 1, envelope(1, "m1"), noLimits, t0+int64(idle)); err != nil {
+		t.Fatal(err)
+	}
+	if o := claimAt(st[2], name, b, t0+int64(idle)+1); o != ClaimTaken {
+		t.Fatalf("claim of a mailbox kept by a write: %d", o)
+	}
+	if o := claimAt(st[2], name, a, t0+int64(idle)+1); o != ClaimSame {
+		t.Fatalf("heartbeat of a mailbox kept by a write: %d", o)
+	}
+	if rec, _ := st[0].Mailbox(ctx, name); rec.LastActive != t0+int64(idle)+1 {
+		t.Fatalf("heartbeat did not move LastActive: %d", rec.LastActive)
+	}
+	if err := st[0].Touch(ctx, name, t0+int64(idle)+5); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := st[1].Mailbox(ctx, name); rec.LastActive != t0+int64(idle)+5 {
+		t.Fatalf("touch did not move LastActive: %d", rec.LastActive)
 	}
 }
 
@@ -543,11 +608,11 @@ func testSweeperUnderLease(t *testing.T, st []*Store) {
 	old := time.Now().Add(-48 * time.Hour).UnixNano()
 	now := time.Now().UnixNano()
 	for _, name := range []string{"app/idle0000000000001", "app/busy0000000000001", "app/written00000000001"} {
-		if _, err := st[0].Claim(ctx, name, store.Hash{1}, old, time.Hour); err != nil {
+		if _, err := st[0].Claim(ctx, name, store.Hash{1}, old, time.Hour, idle); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := st[0].Claim(ctx, "app/busy0000000000001", store.Hash{1}, now, time.Hour); err != nil {
+	if _, err := st[0].Claim(ctx, "app/busy0000000000001", store.Hash{1}, now, time.Hour, idle); err != nil {
 		t.Fatal(err)
 	}
 	// A write stamps the head, not the claim: it keeps the mailbox too.
@@ -649,7 +714,7 @@ func TestNoQuorumIsUnavailable(t *testing.T) {
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel2()
-	if _, err := st[0].Claim(ctx2, "app/quorum00000000002", store.Hash{1}, 1, time.Hour); !errors.Is(err, store.ErrUnavailable) {
+	if _, err := st[0].Claim(ctx2, "app/quorum00000000002", store.Hash{1}, 1, time.Hour, idle); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("claim without quorum: %v", err)
 	}
 }

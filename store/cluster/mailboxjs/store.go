@@ -212,39 +212,66 @@ const (
 )
 
 // Claim creates the mailbox for token if it has no claim record (one
-// winner across nodes: create-if-absent), or answers whether token holds
-// it; a holder's claim moves LastActive when touchEvery has passed since
-// the stored one (so heartbeats cost a write an hour, not one each).
-func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery time.Duration) (ClaimOutcome, error) {
+// winner across nodes: create-if-absent) or only an expired one (no claim
+// and no write for idle: taken over by compare-and-set after what the old
+// holder left is purged), or answers whether token holds it; a holder's
+// claim moves LastActive when touchEvery has passed since the stored one
+// (so heartbeats cost a write an hour, not one each).
+func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, error) {
 	n, err := s.names(name)
 	if err != nil {
 		return 0, err
 	}
 	for round := range maxRounds {
 		rec, rev, err := s.readClaim(ctx, n)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{hdrExpSeq: {"0"}})
-			if err == nil {
-				// Whatever a previous, erased or expired holder left in a
-				// race with its erase goes before anyone reads it.
-				if err := s.purgeLeftovers(ctx, n); err != nil {
-					return 0, err
-				}
-				return ClaimCreated, nil
-			}
-		case err != nil:
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return 0, err
-		case rec.Token != token:
+		}
+		exists := err == nil
+		if exists && now-rec.LastActive > int64(idle) {
+			// The record looks expired; writes stamp their head, not it.
+			if exists, err = s.live(ctx, n, now, idle); err != nil {
+				return 0, err
+			}
+			if exists {
+				rec.LastActive = 0 // alive through writes: a heartbeat is due
+			}
+		}
+		switch {
+		case exists && rec.Token != token:
 			return ClaimTaken, nil
-		case now-rec.LastActive < int64(touchEvery):
+		case exists && now-rec.LastActive < int64(touchEvery):
 			return ClaimSame, nil
-		default:
+		case exists: // a heartbeat that moves LastActive
 			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{
 				hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
 			})
 			if err == nil {
 				return ClaimSame, nil
+			}
+		case rev != 0:
+			// An expired holder: purge what it left before the takeover,
+			// so that once the new claim is there nothing of the old
+			// holder's can be read (the claim's revision does not move).
+			if err := s.purgeLeftovers(ctx, n); err != nil {
+				return 0, err
+			}
+			s.forget(name)
+			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{
+				hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
+			})
+			if err == nil {
+				return ClaimCreated, nil
+			}
+		default: // no claim: create-if-absent, one winner
+			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{hdrExpSeq: {"0"}})
+			if err == nil {
+				// Whatever a previous holder's writes left in a race with
+				// its erase goes before anyone reads it.
+				if err := s.purgeLeftovers(ctx, n); err != nil {
+					return 0, err
+				}
+				return ClaimCreated, nil
 			}
 		}
 		if !cluster.Conflict(err) {
@@ -253,6 +280,52 @@ func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now in
 		backoff(round)
 	}
 	return 0, cluster.Fail("claim "+name, errors.New("too many conflicts"))
+}
+
+// live reports whether either direction was written within idle (writes
+// stamp their head, not the claim record).
+func (s *Store) live(ctx context.Context, n names, now int64, idle time.Duration) (bool, error) {
+	for _, dir := range []byte{'p', 'c'} {
+		h, err := s.readHead(ctx, n, dir)
+		if err != nil {
+			return false, err
+		}
+		if now-h.Active <= int64(idle) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Touch moves a mailbox's LastActive forward to now (a write's restart of
+// the idle timer, persisted as rarely as the caller likes: the handler
+// does it once per touchEvery, as for Pebble); nothing when the record is
+// gone or already at or past now.
+func (s *Store) Touch(ctx context.Context, name string, now int64) error {
+	n, err := s.names(name)
+	if err != nil {
+		return err
+	}
+	for round := range maxRounds {
+		rec, rev, err := s.readClaim(ctx, n)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if rec.LastActive >= now {
+			return nil
+		}
+		_, err = s.publish(ctx, n.claim(), claimBody(rec.Token, now), nats.Header{
+			hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
+		})
+		if !cluster.Conflict(err) {
+			return err
+		}
+		backoff(round)
+	}
+	return cluster.Fail("touch "+name, errors.New("too many conflicts"))
 }
 
 // Mailbox reads a mailbox's claim record; store.ErrNotFound when none.
