@@ -67,7 +67,7 @@ type Watch struct {
 	// readBacks counts the gaps read back from the stream (a test
 	// checks that a watcher that lost nothing reads nothing back).
 	readBacks atomic.Int64
-	done  chan struct{}
+	done      chan struct{}
 }
 
 const watchQueueLen = 4096
