@@ -3,8 +3,10 @@
 // its floor in the same run: raw JetStream publishes of the same bytes to
 // the same R3 streams. Run:
 //
-//	go test -run '^$' -bench . -benchtime 3s ./bench/clusterbench/
+//	go test -run '^$' -bench . -benchtime 2s ./bench/clusterbench/
 //
+// Each case runs three times, the cases alternating (about 100 s in all);
+// compare the medians.
 // Everything (three nats-servers, their clients, the writers) runs in one
 // process, so allocations and CPU are those of the whole cluster; on a
 // 2-core box the servers compete with the writers for CPU, which
