@@ -48,6 +48,14 @@ func PushGateway(t *testing.T, open PushOpen) {
 		if got, ok := w.KeyByHash(k.Hash); !ok || got.ID != k.ID { // the writer, at once
 			t.Fatalf("writer's read: %+v %v", got, ok)
 		}
+		// Another node finds a new key at once too: a server that gets its
+		// key through one node may use it through the next.
+		if got, ok := next().KeyByHash(k.Hash); !ok || got.ID != k.ID {
+			t.Fatalf("read through another handle right after the write: %+v %v", got, ok)
+		}
+		if got, ok := next().KeyByID(k.ID); !ok || got.Hash != k.Hash {
+			t.Fatalf("read by id through another handle right after the write: %+v %v", got, ok)
+		}
 		waitKey(t, hs, k.ID, func(got store.PushKey, ok bool) bool { return ok })
 		for _, h := range hs {
 			got, ok := h.KeyByHash(k.Hash)
@@ -172,6 +180,9 @@ func PushGateway(t *testing.T, open PushOpen) {
 			old, err := next().RegisterKey(k)
 			if err != nil {
 				t.Fatalf("register %s: %v", id, err)
+			}
+			if got, ok := next().KeyByHash(k.Hash); !ok || !got.Enabled { // usable through another node at once
+				t.Fatalf("registered key through another handle right after: %+v %v", got, ok)
 			}
 			waitKey(t, hs, id, func(got store.PushKey, ok bool) bool { return ok && got.Enabled })
 			return old

@@ -155,7 +155,9 @@ func (g *Gateway) takeable(rec *claimRecord, now time.Time) bool {
 	if now.UnixMilli()-rec.ClaimedAt < store.ClaimHold.Milliseconds() {
 		return false
 	}
-	owner, ok := g.KeyByID(rec.Owner)
+	// The mirror alone: a claim ClaimHold old has an owner at least as
+	// old, which every node's mirror holds unless it was revoked.
+	owner, ok := g.byIDLocal(rec.Owner)
 	return !ok || !owner.Active(now)
 }
 

@@ -36,12 +36,21 @@
 //     gateway never over-admits; a refused draw's +1 may make a concurrent
 //     one refuse early until its -1 lands. No CAS, so no retries under load.
 //   - /register: KV er_push_reg, <scope>.<sha256 hex of the slot> -> key id.
-//     The new key is written disabled, the slot is pointed at it by
-//     compare-and-set, the slot's previous key is deleted, and only then is
-//     the new key enabled (by compare-and-set on its own record, which fails
-//     if a later registration has deleted it meanwhile). Of racing
-//     registrations exactly one survives. A crash between the steps leaves
-//     at most a disabled key behind, never a second active one.
+//     The slot is pointed at the new key id by compare-and-set, the key is
+//     written, the slot's previous key is deleted, and the slot is read
+//     again: if a later registration took it before this key existed (and
+//     so found nothing to delete), this key deletes itself. Every key but
+//     the slot's last is thus deleted by its successor or by itself: of
+//     racing registrations exactly one survives. (A crash between writing
+//     the key and reading the slot again, while another registration for
+//     the same address races it, can leave a second key; nothing else can.)
+//     The key is never visible disabled, so a server that registers
+//     through one node and sends through another is not refused.
+//   - A key looked up and not found in the mirror may have been written
+//     through another node a moment ago: the lookup then waits until the
+//     mirror has caught up with the bucket (one request to the stream's
+//     leader, shared by every miss that waits at the same time, bounded by
+//     missWait) and looks again. Hits cost nothing.
 //
 // KV keys hold only hex digests, relay-minted ids and the scope letter; the
 // API keys and device tokens themselves are never stored.
@@ -108,7 +117,16 @@ type Gateway struct {
 	keysStream jetstream.Stream // the keys bucket's stream, for the watch's health check
 	stop       chan struct{}
 	closing    sync.Once
-	bg         sync.WaitGroup // the watch supervisor and the watchers' readers
+
+	// afterSlot, set only by tests, runs between a registration's slot
+	// write and its key write: where a racing registration can slip in.
+	afterSlot func()
+
+	// Lookups that missed wait for the mirror in rounds (catchUp).
+	syncMu      sync.Mutex
+	syncNext    *catchUpRound
+	syncRunning bool
+	bg          sync.WaitGroup // the watch supervisor and the watchers' readers
 
 	// The key mirror. rev is the KV revision each key id was last seen at
 	// (gone: deleted at), so that the watch and this node's own writes can
@@ -281,8 +299,18 @@ func (g *Gateway) apply(id string, rev uint64, k *store.PushKey) {
 }
 
 // KeyByHash returns the key whose text hashes to h, from the mirror: a
-// read lock and a copy, no allocation.
+// read lock and a copy, no allocation. A miss waits for the mirror to
+// catch up (catchUp) and looks again, so that a key written through
+// another node a moment ago is found.
 func (g *Gateway) KeyByHash(h store.Hash) (store.PushKey, bool) {
+	if k, ok := g.byHashLocal(h); ok {
+		return k, true
+	}
+	g.catchUp()
+	return g.byHashLocal(h)
+}
+
+func (g *Gateway) byHashLocal(h store.Hash) (store.PushKey, bool) {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	if k := g.byHash[h]; k != nil {
@@ -291,8 +319,17 @@ func (g *Gateway) KeyByHash(h store.Hash) (store.PushKey, bool) {
 	return store.PushKey{}, false
 }
 
-// KeyByID returns the key with id, from the mirror.
+// KeyByID returns the key with id, from the mirror; a miss waits as in
+// KeyByHash.
 func (g *Gateway) KeyByID(id string) (store.PushKey, bool) {
+	if k, ok := g.byIDLocal(id); ok {
+		return k, true
+	}
+	g.catchUp()
+	return g.byIDLocal(id)
+}
+
+func (g *Gateway) byIDLocal(id string) (store.PushKey, bool) {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	if m := g.byID[id]; m != nil {
@@ -324,7 +361,7 @@ func (g *Gateway) AddKey(k store.PushKey) error {
 	if k.ID == "" {
 		return errors.New("pushkv: push key without id")
 	}
-	if _, ok := g.KeyByHash(k.Hash); ok {
+	if _, ok := g.byHashLocal(k.Hash); ok {
 		return store.ErrPushKeyExists
 	}
 	raw, err := store.EncodePushKey(k)
@@ -362,12 +399,10 @@ func (g *Gateway) RegisterKey(k store.PushKey) (*store.PushKey, error) {
 	if k.ID == "" {
 		return nil, errors.New("pushkv: push key without id")
 	}
-	if _, ok := g.KeyByHash(k.Hash); ok {
+	if _, ok := g.byHashLocal(k.Hash); ok {
 		return nil, store.ErrPushKeyExists
 	}
-	pending := k
-	pending.Enabled = false
-	raw, err := store.EncodePushKey(pending)
+	raw, err := store.EncodePushKey(k)
 	if err != nil {
 		return nil, err
 	}
@@ -376,6 +411,19 @@ func (g *Gateway) RegisterKey(k store.PushKey) (*store.PushKey, error) {
 		return nil, err
 	}
 	defer cancel()
+	slot := g.slotKey(&k)
+	// 1. The slot names the new key, before the key exists.
+	var prev string
+	if _, err := cluster.Update(ctx, g.reg, slot, func(cur []byte, _ uint64) ([]byte, error) {
+		prev = string(cur)
+		return []byte(k.ID), nil
+	}); err != nil {
+		return nil, fmt.Errorf("pushkv: register push key: %w", err)
+	}
+	if g.afterSlot != nil {
+		g.afterSlot()
+	}
+	// 2. The key.
 	rev, err := g.keys.Create(ctx, g.keyKey(k.ID), raw)
 	if err != nil {
 		if cluster.Conflict(err) {
@@ -383,35 +431,24 @@ func (g *Gateway) RegisterKey(k store.PushKey) (*store.PushKey, error) {
 		}
 		return nil, cluster.Fail("register push key", err)
 	}
-	var prev string
-	if _, err := cluster.Update(ctx, g.reg, g.slotKey(&k), func(cur []byte, _ uint64) ([]byte, error) {
-		prev = string(cur)
-		return []byte(k.ID), nil
-	}); err != nil {
-		return nil, fmt.Errorf("pushkv: register push key: %w", err)
-	}
+	// 3. The key the slot named before goes.
 	var superseded *store.PushKey
 	if prev != "" && prev != k.ID {
-		old, err := g.deleteRecord(ctx, prev)
-		if err != nil {
+		if superseded, err = g.deleteRecord(ctx, prev); err != nil {
 			return nil, err
 		}
-		superseded = old
 	}
-	if k.Enabled {
-		if raw, err = store.EncodePushKey(k); err != nil {
+	// 4. A registration that took the slot between 1 and 2 found no key
+	// of ours to delete: then this one goes itself, as if superseded.
+	e, err := g.reg.Get(ctx, slot)
+	switch {
+	case err != nil && !cluster.Absent(err):
+		return nil, cluster.Fail("read address slot", err)
+	case err != nil || string(e.Value()) != k.ID:
+		if _, err := g.deleteRecord(ctx, k.ID); err != nil {
 			return nil, err
 		}
-		nrev, err := g.keys.Update(ctx, g.keyKey(k.ID), raw, rev)
-		switch {
-		case cluster.Conflict(err):
-			// A later registration for the slot deleted this key before it
-			// was enabled: as if it had been registered and superseded.
-			return superseded, nil
-		case err != nil:
-			return nil, cluster.Fail("enable registered push key", err)
-		}
-		rev = nrev
+		return superseded, nil
 	}
 	g.applyOwn(k.ID, rev, &k)
 	return superseded, nil

@@ -302,6 +302,22 @@ func TestStoppedNodesClaimReleased(t *testing.T) {
 	if _, err := gs[0].Claim(confirmed, "Y", now); !errors.Is(err, store.ErrTokenClaimed) {
 		t.Fatalf("a confirmed claim of an active key taken over: %v", err)
 	}
+	// The key watches outlive the stop (a watch whose consumer was on the
+	// stopped server is replaced): a revoke still reaches node 2.
+	if err := gs[0].DeleteKey("X"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	for {
+		if _, ok := gs[2].KeyByID("X"); !ok {
+			t.Logf("revoke after the stop reached node 2 in %v", time.Since(revoked))
+			break
+		}
+		if time.Since(revoked) > storetest.PushSync {
+			t.Fatalf("node 2 still knows the key %v after a revoke", storetest.PushSync)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Without a quorum every operation that needs the shared store fails with

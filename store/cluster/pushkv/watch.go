@@ -138,3 +138,79 @@ func (g *Gateway) applyWatched(e jetstream.KeyValueEntry) {
 		g.watched = e.Revision()
 	}
 }
+
+// missWait bounds how long a key lookup that missed waits for the mirror
+// to catch up with the bucket.
+const missWait = time.Second
+
+// catchUpRound is one wait for the mirror, shared by every lookup that
+// missed before it started.
+type catchUpRound struct{ done chan struct{} }
+
+// catchUp returns once the mirror holds every key write the bucket had
+// when it was called (or after missWait, or when the store does not
+// answer). Lookups that miss at the same time share one round, and one
+// round runs at a time, so a flood of unknown keys costs the leader at
+// most one request per round trip per node.
+func (g *Gateway) catchUp() {
+	g.syncMu.Lock()
+	if g.syncNext == nil {
+		g.syncNext = &catchUpRound{done: make(chan struct{})}
+	}
+	r := g.syncNext
+	if !g.syncRunning {
+		g.syncRunning = true
+		go g.runCatchUps()
+	}
+	g.syncMu.Unlock()
+	t := time.NewTimer(missWait)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-t.C:
+	case <-g.stop:
+	}
+}
+
+// runCatchUps runs rounds until no lookup waits.
+func (g *Gateway) runCatchUps() {
+	for {
+		g.syncMu.Lock()
+		r := g.syncNext
+		g.syncNext = nil
+		if r == nil {
+			g.syncRunning = false
+			g.syncMu.Unlock()
+			return
+		}
+		g.syncMu.Unlock()
+		g.waitCaughtUp()
+		close(r.done)
+	}
+}
+
+// waitCaughtUp asks the leader for the bucket's last revision and waits
+// until the watch has delivered it.
+func (g *Gateway) waitCaughtUp() {
+	ctx, cancel := context.WithTimeout(context.Background(), missWait)
+	defer cancel()
+	info, err := g.keysStream.Info(ctx)
+	if err != nil {
+		return
+	}
+	for {
+		g.mu.RLock()
+		at := g.watched
+		g.mu.RUnlock()
+		if at >= info.State.LastSeq {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.stop:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
