@@ -5,7 +5,7 @@
 //
 //	go test -run '^$' -bench . -benchtime 2s ./bench/clusterbench/
 //
-// Each case runs three times, the cases alternating (about 100 s in all);
+// Each case runs five times, the cases alternating (about 150 s in all);
 // compare the medians.
 // Everything (three nats-servers, their clients, the writers) runs in one
 // process, so allocations and CPU are those of the whole cluster; on a

@@ -47,6 +47,8 @@ type getReq struct {
 // ($JS.API.STREAM.MSG.GET): read-after-write, unlike Direct Get (ADR-31).
 // errNoMsg when none matches.
 func (s *Store) leaderGet(ctx context.Context, stream string, req getReq) (*msg, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	body, _ := json.Marshal(req)
 	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
@@ -112,6 +114,8 @@ func decodeHeaders(raw []byte) (nats.Header, error) {
 // directGet reads one message through Direct Get (any replica answers:
 // may be a little behind the leader). errNoMsg when none matches.
 func (s *Store) directGet(ctx context.Context, stream string, req getReq) (*msg, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	body, _ := json.Marshal(req)
 	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream, body)
 	if err != nil {
@@ -139,42 +143,54 @@ func directMsg(stream string, resp *nats.Msg) (*msg, error) {
 // from (up to upTo, 0 for the end), at most about maxBytes, in stream
 // order, calling fn for each until it returns false. It returns the stream
 // sequence of the last message read (0: none). Any replica may answer, so
-// the batch can end short of the leader's last message.
+// the batch can end short of the leader's last message. The batch is read
+// whole (bounded by maxBytes and one message) before fn sees any of it, so
+// a slow fn (a watcher's socket) cannot stall the read past its deadline.
 func (s *Store) directBatch(ctx context.Context, stream, filter string, from, upTo uint64, batch, maxBytes int, fn func(*msg) bool) (uint64, error) {
+	msgs, err := s.readBatch(ctx, stream, filter, from, upTo, batch, maxBytes)
+	var last uint64
+	for _, m := range msgs {
+		last = m.seq
+		if !fn(m) {
+			break
+		}
+	}
+	return last, err
+}
+
+func (s *Store) readBatch(ctx context.Context, stream, filter string, from, upTo uint64, batch, maxBytes int) ([]*msg, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	inbox := nats.NewInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
 	if err != nil {
-		return 0, cluster.Fail("read "+stream, err)
+		return nil, cluster.Fail("read "+stream, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	body, _ := json.Marshal(getReq{Seq: from, NextFor: filter, Batch: batch, MaxBytes: maxBytes})
 	if err := s.nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
-		return 0, cluster.Fail("read "+stream, err)
+		return nil, cluster.Fail("read "+stream, err)
 	}
-	var last uint64
+	var msgs []*msg
 	for {
 		resp, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
-			return last, cluster.Fail("read "+stream, err)
+			return msgs, cluster.Fail("read "+stream, err)
 		}
 		switch resp.Header.Get("Status") {
-		case "204": // end of batch
-			return last, nil
-		case "404":
-			return last, nil
+		case "204", "404": // end of batch; nothing at or after from
+			return msgs, nil
 		}
 		m, err := directMsg(stream, resp)
 		if err != nil {
-			return last, err
+			return msgs, err
 		}
 		if upTo > 0 && m.seq > upTo {
 			// up_to_seq bounds only multi_last requests (server
-			// getDirectRequest): a batch is cut here.
-			return last, nil
+			// getDirectRequest): a batch is cut here. The rest of it
+			// goes to the inbox given up.
+			return msgs, nil
 		}
-		last = m.seq
-		if !fn(m) {
-			return last, nil
-		}
+		msgs = append(msgs, m)
 	}
 }

@@ -146,6 +146,7 @@ func TestMailboxOnThreeNodes(t *testing.T) {
 		{"PutOnNode0WatchOnNode2", testPutOnNode0WatchOnNode2},
 		{"RacingWritersOneDirection", testRacingWritersOneDirection},
 		{"WatchGapIsReadBack", testWatchGapIsReadBack},
+		{"WatchGapPrunedMeanwhile", testWatchGapPrunedMeanwhile},
 		{"RetryAndConflict", testRetryAndConflict},
 		{"LimitsAtTheEdge", testLimitsAtTheEdge},
 		{"PruneThenScan", testPruneThenScan},
@@ -286,6 +287,46 @@ func testWatchGapIsReadBack(t *testing.T, st []*Store) {
 	}
 	if got := r.waitFor(t, 9); !slices.Equal(got, want) {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// A watcher that lost envelopes the reader has pruned since skips them
+// (they are acknowledged) instead of waiting for them, and goes on.
+func testWatchGapPrunedMeanwhile(t *testing.T, st []*Store) {
+	name := "app/gapprune0000000001"
+	r := newRecorder()
+	held := make(chan struct{})
+	w, err := st[1].Watch(clustertest.Context(t), name, 'p', WatchConfig{
+		Deliver: r.deliver, End: func(err error) { r.end <- err },
+		drop: func(m *nats.Msg) bool {
+			switch envelopeSeq(m.Data) {
+			case 1, 2:
+				return true // lost
+			case 3:
+				<-held // reaches the watcher only after the prune
+			}
+			return false
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	for seq := uint64(1); seq <= 3; seq++ {
+		mustPut(t, st[0], name, 'p', seq, envelope(seq, fmt.Sprint("m", seq)), Created)
+	}
+	if err := st[2].Prune(clustertest.Context(t), name, 'p', 3); err != nil {
+		t.Fatal(err)
+	}
+	close(held)
+	mustPut(t, st[0], name, 'p', 4, envelope(4, "m4"), Created)
+	if got := r.waitFor(t, 1); !slices.Equal(got, []uint64{4}) {
+		t.Fatalf("got %v", got)
+	}
+	select {
+	case err := <-r.end:
+		t.Fatalf("watch ended: %v", err)
+	default:
 	}
 }
 

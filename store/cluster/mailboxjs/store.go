@@ -627,6 +627,10 @@ func (s *Store) search(ctx context.Context, get func(context.Context, string, ge
 	return best, nil
 }
 
+// maxLagPolls bounds how often a read waits for a lagging replica (2 ms
+// each): a replica of a healthy stream applies within milliseconds.
+const maxLagPolls = 2500
+
 // scanBatchBytes bounds one Direct Get batch of a scan (the default).
 const scanBatchBytes = 1 << 20
 
@@ -692,6 +696,7 @@ func (s *Store) scan(ctx context.Context, n names, dir byte, h *Head, after uint
 		}
 	}
 	var reached uint64
+	lagged := 0
 	for reached < want {
 		got := 0
 		var stop bool
@@ -716,12 +721,22 @@ func (s *Store) scan(ctx context.Context, n names, dir byte, h *Head, after uint
 			return stop, errors.Join(err, ferr)
 		}
 		if got == 0 {
-			// The replica that answered has not applied the head's
-			// message yet: it will in a moment.
-			select {
-			case <-ctx.Done():
-				return false, cluster.Fail("scan "+n.inOrder(dir), ctx.Err())
-			case <-time.After(2 * time.Millisecond):
+			// Either the replica that answered has not applied the
+			// head's message yet (it will in a moment), or a prune or
+			// erase since the head was read removed the rest: the
+			// leader's head tells.
+			nh, err := s.readHead(ctx, n, dir)
+			if err != nil {
+				return false, err
+			}
+			if !nh.Has(want) {
+				return emitOOO(^uint64(0))
+			}
+			if lagged++; lagged > maxLagPolls {
+				return false, cluster.Fail("scan "+n.inOrder(dir), errors.New("no replica has the head's envelopes"))
+			}
+			if err := waitBrief(ctx); err != nil {
+				return false, err
 			}
 			continue
 		}

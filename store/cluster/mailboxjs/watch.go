@@ -231,7 +231,7 @@ func (w *Watch) handle(subject string, data []byte) {
 // and including upTo from the stream, in stream order, delivering them,
 // and returns the last one read. A lagging replica is asked again.
 func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) {
-	for last < upTo {
+	for lagged := 0; last < upTo; {
 		got := 0
 		_, err := w.s.directBatch(ctx, w.n.stream, w.n.dirAll(w.dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
 			got++
@@ -243,15 +243,17 @@ func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) 
 			return last, err
 		}
 		if got == 0 {
-			// Either the replica lags, or the messages up to upTo were
-			// purged (a prune) or the mailbox erased: the leader's head
-			// tells.
-			h, err := w.s.readHead(ctx, w.n, w.dir)
+			// Either the replica lags, or what was missed was purged
+			// since (a prune, an erase): the leader tells.
+			m, err := w.s.leaderGet(ctx, w.n.stream, getReq{Seq: last + 1, NextFor: w.n.dirAll(w.dir)})
+			if errors.Is(err, errNoMsg) || (err == nil && m.seq > upTo) {
+				return upTo, nil // nothing left up to upTo: the reader pruned it
+			}
 			if err != nil {
 				return last, err
 			}
-			if h.Rev < upTo {
-				return upTo - 1, nil // pruned away: nothing to deliver below upTo
+			if lagged++; lagged > maxLagPolls {
+				return last, cluster.Fail("watch "+w.n.dirAll(w.dir), errors.New("no replica has the missed messages"))
 			}
 			if err := waitBrief(ctx); err != nil {
 				return last, err
