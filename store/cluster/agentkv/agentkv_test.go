@@ -44,20 +44,19 @@ func asRecords(ss []*Store) []store.AgentRecords {
 
 func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }
 
-// TestAgentContract runs the agent records' contract across 3 nodes, each
-// call through the next node.
-func TestAgentContract(t *testing.T) {
-	nodes := clustertest.Start(t, 3)
-	storetest.Agent(t, asRecords(open(t, nodes)))
-}
-
 // TestClusterAgent: redemptions racing through the three nodes at one
 // instant, revocation seen by every node at once, and the leftovers of a
 // node that crashed between two writes.
+//
+// It first runs the agent records' contract across the 3 nodes (each call
+// through the next node) on the same cluster: every case uses its own
+// names, and a start costs seconds under -race.
 func TestClusterAgent(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
 	ss := open(t, nodes)
 	now := time.Unix(1700000000, 0).UTC()
+
+	t.Run("Contract", func(t *testing.T) { storetest.Agent(t, asRecords(ss)) })
 	if err := ss[0].AddAccount("acc", "alice", hash("client"), now); err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +100,14 @@ func TestClusterAgent(t *testing.T) {
 			}
 		}
 		insts, err := ss[1].Instances()
-		if err != nil || len(insts) != rounds {
-			t.Fatalf("%d instances from %d keys: %v", len(insts), rounds, err)
+		n := 0
+		for _, in := range insts {
+			if in.Account == "acc" {
+				n++
+			}
+		}
+		if err != nil || n != rounds {
+			t.Fatalf("%d instances from %d keys: %v", n, rounds, err)
 		}
 	})
 
@@ -291,6 +296,7 @@ func TestClusterAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		later := now.Add(time.Minute + pairingRetention + time.Second)
+		ss[1].lastPrune.Store(0) // the contract's pruning ran on some node
 		if err := ss[1].AddPairingKey(hash("new-pk"), "acc", later, later.Add(time.Minute)); err != nil {
 			t.Fatal(err)
 		}

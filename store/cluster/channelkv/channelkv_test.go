@@ -43,19 +43,17 @@ func asStores(cs []*Claims) []store.ChannelClaimStore {
 
 func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }
 
-// TestChannelContract runs the claim store contract across 3 nodes, each
-// call through the next node.
-func TestChannelContract(t *testing.T) {
-	nodes := clustertest.Start(t, 3)
-	storetest.Channel(t, asStores(open(t, nodes)))
-}
-
-// TestClusterClaims: races through the three nodes at one instant, and the
-// leftovers of a node that crashed between two writes.
+// TestClusterClaims runs the claim store contract across 3 nodes (each call
+// through the next node), then the cluster's own cases on the same nodes:
+// races through the three nodes at one instant, watches, and the leftovers
+// of a node that crashed between two writes. (One cluster for both: every
+// case uses its own names, and a start costs seconds under -race.)
 func TestClusterClaims(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
 	cs := open(t, nodes)
 	now := time.Unix(1700000000, 0).UTC()
+
+	t.Run("Contract", func(t *testing.T) { storetest.Channel(t, asStores(cs)) })
 
 	t.Run("SameKeyThroughThreeNodesManyRounds", func(t *testing.T) {
 		for round := range 25 {
