@@ -12,12 +12,18 @@
 //     KeyByHash stays a local, allocation-free lookup and a revoke or
 //     disable written through any node reaches the others in milliseconds.
 //     A write also applies to the writer's own map at once, by revision, so
-//     an operator's revoke holds on its node before it returns.
-//   - Minute limits: KV er_push_rl, <scope>.<family>.<sha256 hex> -> the
-//     GCRA theoretical arrival time (the same algorithm as the in-process
-//     buckets), changed by compare-and-set on every take: exact across
-//     nodes. Records expire two minutes after their last write, by which
-//     time the bucket is full again anyway.
+//     an operator's revoke holds on its node before it returns. A watch
+//     that stops delivering (its consumer's server went away) is replaced
+//     (watch.go).
+//   - Minute limits (the handler's per-key send limit and per-address
+//     registration limit, one family per mount): KV er_push_rl,
+//     <scope>.<family>.<sha256 hex> -> the GCRA theoretical arrival time
+//     (the same algorithm as the in-process buckets), changed by
+//     compare-and-set on every take: exact across nodes. Records expire two
+//     minutes after their last write, by which time the bucket is full
+//     again anyway. The time is the taking node's clock: nodes' clocks must
+//     agree (NTP) for the limit to be the configured one, as for the 60 s
+//     rule below.
 //   - Device-token claims: KV er_push_claims, <scope>.<sha256 hex of the
 //     token> -> owner, claimed-at, confirmed and the sends in flight, each
 //     {id, node, incarnation, started}. Every transition is a
