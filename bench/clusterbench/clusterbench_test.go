@@ -192,7 +192,8 @@ func (bc *bench) batchModel(ctx context.Context, w *writer) error {
 }
 
 func (bc *bench) batchOnce(ctx context.Context, nc *nats.Conn, w *writer, base string, round int) error {
-	batch := fmt.Sprintf("%d-%d", w.seq, round)
+	_, id, _ := cutName(w.name)
+	batch := fmt.Sprintf("%s-%d-%d", id, w.seq, round) // unique per writer and try (at most 64 bytes)
 	env := nats.NewMsg(base + ".e")
 	env.Data = envelope(w.seq)
 	env.Header.Set("Nats-Batch-Id", batch)

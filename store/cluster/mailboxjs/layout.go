@@ -153,7 +153,7 @@ func (h *Head) Last() uint64 {
 
 // Has reports whether seq is stored.
 func (h *Head) Has(seq uint64) bool {
-	i, found := slices.BinarySearchFunc(h.Stored, seq, func(r Run, s uint64) int {
+	_, found := slices.BinarySearchFunc(h.Stored, seq, func(r Run, s uint64) int {
 		switch {
 		case r.To < s:
 			return -1
@@ -162,7 +162,6 @@ func (h *Head) Has(seq uint64) bool {
 		}
 		return 0
 	})
-	_ = i
 	return found
 }
 

@@ -407,8 +407,9 @@ type PutResult struct {
 }
 
 // maxRounds bounds a compare-and-set loop. One device writes a direction,
-// so contention is rare; 8 writers racing one direction (the test) need
-// up to about twenty rounds for the unluckiest, each a leader read.
+// so contention is rare; with 8 writers racing one direction (the test)
+// 16 rounds were too few for the unluckiest of them. Each round is a
+// leader read and a jittered wait.
 const maxRounds = 64
 
 // errGone: a head listed an envelope the stream no longer holds (a prune
