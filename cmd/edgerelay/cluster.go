@@ -134,18 +134,38 @@ func sharesState(s config.Service) bool {
 }
 
 // channelClaims is the private channel's durable state: this node's
-// Pebble store, or the cluster's.
-func (r *relay) channelClaims(ctx context.Context) (store.ChannelClaimStore, error) {
+// Pebble store, or the cluster's. In cluster mode, forgotten (a release or
+// a revocation through any node) calls the handler's Forget, so that the
+// node holding that computer's sockets closes them; call it once the
+// handler exists.
+func (r *relay) channelClaims(ctx context.Context) (claims store.ChannelClaimStore, forgotten func(func(store.Hash)) error, err error) {
 	if r.cluster == nil {
-		return store.NewChannelClaims(r.db), nil
+		return store.NewChannelClaims(r.db), func(func(store.Hash)) error { return nil }, nil
 	}
-	return channelkv.New(ctx, r.cluster)
+	kv, err := channelkv.New(ctx, r.cluster)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kv, func(fn func(store.Hash)) error { return kv.WatchForgotten(r.background(), fn) }, nil
 }
 
-// agentRecords is the agent relay's durable state, likewise.
-func (r *relay) agentRecords(ctx context.Context) (store.AgentRecords, error) {
+// agentRecords is the agent relay's durable state, likewise; revoked feeds
+// the handler's Revoked with instances revoked through any node.
+func (r *relay) agentRecords(ctx context.Context) (records store.AgentRecords, revoked func(func(string)) error, err error) {
 	if r.cluster == nil {
-		return store.NewAgentStore(r.db), nil
+		return store.NewAgentStore(r.db), func(func(string)) error { return nil }, nil
 	}
-	return agentkv.New(ctx, r.cluster)
+	kv, err := agentkv.New(ctx, r.cluster)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kv, func(fn func(string)) error { return kv.WatchRevoked(r.background(), fn) }, nil
+}
+
+// background is a context that ends when the relay stops its background
+// work.
+func (r *relay) background() context.Context {
+	ctx, stop := context.WithCancel(context.Background())
+	r.stopBackground = append(r.stopBackground, stop)
+	return ctx
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fasthttp/websocket"
 )
 
 // relayCluster is n `edgerelay serve` processes in cluster mode, each
@@ -266,6 +268,23 @@ func TestClusterChannelAndAgentKeysAcrossNodes(t *testing.T) {
 	if out := cliOK(t, c.nodeEnv(2), "keys", "channel", "list"); !strings.Contains(out, "box") {
 		t.Fatalf("keys channel list through node 2:\n%s", out)
 	}
+	// The computer's control socket on node 1; its key revoked through
+	// node 0's admin: node 1 closes the socket (1000), as one node does.
+	ctl, _, err := websocket.DefaultDialer.Dial("ws://"+c.nodes[1].addrs["channel"]+"/host", http.Header{"Authorization": {"Bearer " + won.owner}})
+	if err != nil {
+		t.Fatalf("control socket on node 1: %v", err)
+	}
+	defer ctl.Close()
+	cliOK(t, c.nodeEnv(0), "keys", "channel", "revoke", "--host", "box")
+	_ = ctl.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		if _, _, err := ctl.ReadMessage(); err != nil {
+			if !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+				t.Fatalf("control socket after a revocation through another node: %v, want close 1000", err)
+			}
+			break
+		}
+	}
 
 	// Agent: one relay key on every node; an account through node 1, its
 	// pairing key through node 2, redeemed by 3 racing runtimes.
@@ -312,7 +331,8 @@ func TestClusterChannelAndAgentKeysAcrossNodes(t *testing.T) {
 	if redeemed != 1 {
 		t.Fatalf("a pairing key raced through the balancer was redeemed %d times", redeemed)
 	}
-	if out := cliOK(t, c.nodeEnv(0), "keys", "agent", "instance", "list"); !strings.Contains(out, "box") {
+	out := cliOK(t, c.nodeEnv(0), "keys", "agent", "instance", "list")
+	if !strings.Contains(out, "box") {
 		t.Fatalf("instance list through node 0:\n%s", out)
 	}
 

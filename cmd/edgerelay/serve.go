@@ -167,11 +167,14 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	var keys *channel.Keys
 	lines := map[config.Service]string{}
 	if l := cfg.Listeners[config.Channel]; l.On() {
-		claims, err := r.channelClaims(ctx)
+		claims, forgotten, err := r.channelClaims(ctx)
 		if err != nil {
 			return nil, err
 		}
 		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg), DetachSockets: true})
+		if err := forgotten(h.Forget); err != nil {
+			return nil, err
+		}
 		keys = &channel.Keys{Claims: claims, Handler: h}
 		if err := loadBootstrap(cfg.DataDir, keys, log); err != nil {
 			return nil, err
@@ -637,13 +640,16 @@ func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheu
 	if err != nil {
 		return nil, "", err
 	}
-	st, err := r.agentRecords(ctx)
+	st, revoked, err := r.agentRecords(ctx)
 	if err != nil {
 		return nil, "", err
 	}
 	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
 		InstanceQueue: cfg.Agent.InstanceQueue})
 	if err != nil {
+		return nil, "", err
+	}
+	if err := revoked(h.Revoked); err != nil {
 		return nil, "", err
 	}
 	certFile, keyFile, devCA := l.CertFile, l.KeyFile, ""

@@ -256,7 +256,13 @@ func (h *Handler) install(l *link, welcome []byte) bool {
 	// A revocation that finished before this link took its reference is
 	// only visible in the store.
 	rec, err := h.cfg.Store.Instance(in.name)
-	if err != nil || rec.Revoked {
+	if err != nil {
+		// The store did not answer (a cluster without quorum): the link
+		// closes and the runtime redials, as after any cut.
+		h.m.handshakes.WithLabelValues("store_unavailable").Inc()
+		return false
+	}
+	if rec.Revoked {
 		h.m.handshakes.WithLabelValues("superseded").Inc()
 		return false
 	}

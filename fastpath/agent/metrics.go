@@ -103,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-var handshakeOutcomes = []string{"welcome", "unknown_instance", "unsupported_version", "malformed", "timeout", "superseded", "draining"}
+var handshakeOutcomes = []string{"welcome", "unknown_instance", "unsupported_version", "malformed", "timeout", "superseded", "store_unavailable", "draining"}
 
 var linkEndReasons = []string{"eof", "replaced", "heartbeat_timeout", "line_too_long", "truncated", "revoked", "drain", "overflow", "error"}
 

@@ -74,7 +74,9 @@ func Start(t testing.TB, n int) *Nodes {
 }
 
 func (c *Nodes) open(i int) (*cluster.Cluster, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Generous: under -race with other packages' tests beside it, a
+	// 2-core machine took over 30 s once.
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	return cluster.Open(ctx, c.cfgs[i], c.log.With("test_node", i))
 }
@@ -101,12 +103,10 @@ func (c *Nodes) Restart(i int) *cluster.Cluster {
 	if c.nodes[i] != nil {
 		c.t.Fatalf("clustertest: node %d is running", i)
 	}
-	cfg := c.cfgs[i]
 	n, err := c.open(i)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	c.cfgs[i] = cfg
 	c.nodes[i] = n
 	return n
 }
