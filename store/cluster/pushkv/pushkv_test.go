@@ -407,3 +407,49 @@ func TestNoQuorumIsUnavailable(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// BenchmarkSendPath is the store's share of one accepted /send in cluster
+// mode: the key's minute limit, the claim, the budget draw and the settle,
+// spread over three nodes (each op a leader round trip).
+func BenchmarkSendPath(b *testing.B) {
+	c := clustertest.Start(b, 3)
+	gs := make([]*pushkv.Gateway, c.Len())
+	for i := range gs {
+		g, err := pushkv.New(clustertest.Context(b), c.Node(i), store.PushScopeShared)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = g.Close() })
+		gs[i] = g
+	}
+	now := time.Now()
+	if err := gs[0].AddKey(key("bench", now)); err != nil {
+		b.Fatal(err)
+	}
+	lims := make([]store.PushRateLimiter, len(gs))
+	for i, g := range gs {
+		l, err := g.RateLimiter("send.bench", 1<<30)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lims[i] = l
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		g := gs[i%len(gs)]
+		tok := hash(fmt.Sprint("bench-token-", i%64))
+		if ok, err := lims[i%len(gs)].Take(hash("bench"), now); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+		tk, err := g.Claim(tok, "bench", now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, ok, err := g.DrawBudget(1<<40, now); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+		if err := g.Settle(tk, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
