@@ -83,6 +83,13 @@ func TestAcrossNodes(t *testing.T) {
 	t.Run("BudgetExact", func(t *testing.T) { budgetExact(t, c, shared) })
 	t.Run("ClaimRace", func(t *testing.T) { claimRace(t, c, shared) })
 	t.Run("RevokeReachesOtherNodes", func(t *testing.T) { revokeReachesOtherNodes(t, c, shared) })
+	t.Run("KeyByHashAllocationFree", func(t *testing.T) {
+		k := key("alloc", time.Now())
+		addEverywhere(t, shared, k)
+		if n := testing.AllocsPerRun(100, func() { _, _ = shared[1].KeyByHash(k.Hash) }); n != 0 {
+			t.Fatalf("%.0f allocations per key lookup on the send path, want 0", n)
+		}
+	})
 }
 
 // The per-key minute limit through three nodes at once admits exactly the
