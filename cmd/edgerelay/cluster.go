@@ -14,6 +14,7 @@ import (
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
+	"edgerelay/store/cluster/pushkv"
 	"edgerelay/store/natsembed"
 )
 
@@ -126,7 +127,7 @@ func clusterServices(cfg config.Config) error {
 // backend (TURN has none to share: its credentials are stateless).
 func sharesState(s config.Service) bool {
 	switch s {
-	case config.Channel, config.Agent:
+	case config.Channel, config.Agent, config.PushFCM, config.PushAPNs:
 		return true
 	default:
 		return false
@@ -168,4 +169,18 @@ func (r *relay) background() context.Context {
 	ctx, stop := context.WithCancel(context.Background())
 	r.stopBackground = append(r.stopBackground, stop)
 	return ctx
+}
+
+// pushGatewayStore is one key store of the push gateway (a scope),
+// likewise; the cluster's watches its keys until the relay closes.
+func (r *relay) pushGatewayStore(ctx context.Context, scope store.PushScope) (store.PushGatewayStore, error) {
+	if r.cluster == nil {
+		return store.NewPushGateway(r.db, scope)
+	}
+	g, err := pushkv.New(ctx, r.cluster, scope)
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, g.Close)
+	return g, nil
 }

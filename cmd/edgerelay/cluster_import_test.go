@@ -19,7 +19,7 @@ import (
 // single node runs, idempotent when run twice, and then serve through
 // every node.
 func TestClusterImportMovesASingleNode(t *testing.T) {
-	single := startServer(t, "RELAY_MAILBOX_LISTEN=", "RELAY_PUSH_FCM_LISTEN=", "RELAY_PUSH_APNS_LISTEN=")
+	single := startServer(t, "RELAY_MAILBOX_LISTEN=", "RELAY_PUSH_FCM_LISTEN=")
 	adminEnv := []string{"RELAY_DATA_DIR=" + single.dataDir, "RELAY_ADMIN_LISTEN=" + single.addrs["admin"]}
 	claimedKey := lastLine(cliOK(t, adminEnv, "keys", "channel", "add", "--host", "claimed"))
 	unusedKey := lastLine(cliOK(t, adminEnv, "keys", "channel", "add", "--host", "unused"))
@@ -31,6 +31,7 @@ func TestClusterImportMovesASingleNode(t *testing.T) {
 	pairKey := lastLine(cliOK(t, adminEnv, "keys", "agent", "pair-key", "alice"))
 	unusedPair := lastLine(cliOK(t, adminEnv, "keys", "agent", "pair-key", "alice"))
 	relayKey := lastLine(cliOK(t, adminEnv, "keys", "agent", "relay-key"))
+	pushKey := lastLine(cliOK(t, adminEnv, "keys", "push", "create", "--label", "homeserver"))
 	caPEM, err := os.ReadFile(filepath.Join(single.dataDir, "tls", "ca.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +41,7 @@ func TestClusterImportMovesASingleNode(t *testing.T) {
 	agentClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	redeemed := redeemPairKey(t, agentClient, "https://"+single.addrs["agent"], pairKey, "build-box")
 
-	c := startRelayCluster(t, 3, []string{"channel"})
+	c := startRelayCluster(t, 3, []string{"channel", "push-apns"})
 	importEnv := []string{"RELAY_NATS_URL=nats://" + c.nats[0]}
 	if _, stderr, code := edgerelay(t, importEnv, "cluster", "import", "--from", single.dataDir); code != 1 || !strings.Contains(stderr, "still running") {
 		t.Fatalf("import while the single node runs: exit %d\n%s", code, stderr)
@@ -48,7 +49,7 @@ func TestClusterImportMovesASingleNode(t *testing.T) {
 	if code := single.signal(syscall.SIGTERM, 15*time.Second); code != 0 {
 		t.Fatalf("single node stop: exit %d", code)
 	}
-	want := "channel: 2 claim keys\nagent: 1 accounts\nagent: 1 instances\nagent: 2 pairing keys\n"
+	want := "channel: 2 claim keys\nagent: 1 accounts\nagent: 1 instances\nagent: 2 pairing keys\npush gateway: 1 API keys\n"
 	for round := range 2 { // the second run finds everything in place
 		out := cliOK(t, importEnv, "cluster", "import", "--from", single.dataDir)
 		if !strings.HasPrefix(out, want) {
@@ -71,6 +72,26 @@ func TestClusterImportMovesASingleNode(t *testing.T) {
 	}
 	if s, _, _ := claim(t, "http://"+c.nodes[0].addrs["channel"], unusedKey); s != http.StatusConflict {
 		t.Fatalf("claiming it a second time: %d, want 409", s)
+	}
+
+	// Push gateway: the imported key is listed by every node and known to
+	// its /send (an unconfigured provider answers 500 after the key check;
+	// an unknown key would be 401).
+	for i, n := range c.nodes {
+		if out := cliOK(t, c.nodeEnv(i), "keys", "push", "list"); !strings.Contains(out, "homeserver") {
+			t.Fatalf("keys push list through node %d:\n%s", i, out)
+		}
+		req, _ := http.NewRequest("POST", "http://"+n.addrs["push-apns"]+"/send", strings.NewReader(`{"token":"`+strings.Repeat("ab", 32)+`"}`))
+		req.Header.Set("Authorization", "Bearer "+pushKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := freshClient(nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized {
+			t.Fatalf("node %d refuses the imported push key", i)
+		}
 	}
 
 	// Agent: a node turning the agent relay on signs with the single

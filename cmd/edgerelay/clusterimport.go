@@ -11,6 +11,7 @@ import (
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
+	"edgerelay/store/cluster/pushkv"
 )
 
 // importCounts is what one service's import moved.
@@ -38,6 +39,10 @@ func clusterImport(ctx context.Context, c *cluster.Cluster, from string, stdout 
 		var agentCounts []importCounts
 		agentCounts, err = importAgent(ctx, c, store.NewAgentStore(db), from)
 		counts = append(counts, agentCounts...)
+	}
+	if err == nil {
+		n, err = importPush(ctx, c, db)
+		counts = append(counts, importCounts{"push gateway", "API keys", n})
 	}
 	for _, k := range counts {
 		fmt.Fprintf(stdout, "%s: %d %s\n", k.service, k.n, k.what)
@@ -111,4 +116,45 @@ func importAgent(ctx context.Context, c *cluster.Cluster, from *store.AgentStore
 		counts[2].n++
 	}
 	return counts, nil
+}
+
+// importPush imports the push gateway's API keys of every scope (shared,
+// and the per-mount ones of RELAY_PUSH_SEPARATE_KEYS). Device-token claims
+// and the day's budget are not moved: claims free up within a minute, and
+// the budget starts the day over.
+func importPush(ctx context.Context, c *cluster.Cluster, db *store.DB) (int, error) {
+	n := 0
+	for _, scope := range []store.PushScope{store.PushScopeShared, store.PushScopeFCM, store.PushScopeAPNs} {
+		from, err := store.NewPushGateway(db, scope)
+		if err != nil {
+			return n, err
+		}
+		keys := from.Keys()
+		if len(keys) == 0 {
+			continue
+		}
+		to, err := pushkv.New(ctx, c, scope)
+		if err != nil {
+			return n, err
+		}
+		for _, k := range keys {
+			err := to.AddKey(k)
+			if errors.Is(err, store.ErrPushKeyExists) {
+				if held, ok := to.KeyByHash(k.Hash); ok && held.ID == k.ID {
+					err = nil // imported before
+				} else {
+					err = fmt.Errorf("push gateway: key %s %q: the cluster holds its hash under another key", k.ID, k.Label)
+				}
+			}
+			if err != nil {
+				_ = to.Close()
+				return n, err
+			}
+			n++
+		}
+		if err := to.Close(); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }

@@ -116,6 +116,9 @@ type relay struct {
 	failed    chan error
 	// stopBackground ends the services' background loops.
 	stopBackground []context.CancelFunc
+	// closers release what the services' stores hold (cluster watches),
+	// after the listeners and before the cluster connection.
+	closers []func() error
 	turn           *turn.Server
 }
 
@@ -226,7 +229,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			return nil, err
 		}
 	}
-	pushKeys, err := r.startPushGateway(cfg, pushers, reg, &services, lines)
+	pushKeys, err := r.startPushGateway(ctx, cfg, pushers, reg, &services, lines)
 	if err != nil {
 		return nil, err
 	}
@@ -424,6 +427,9 @@ func (r *relay) closeAll() error {
 		errs = append(errs, ln.Shutdown(context.Background()))
 	}
 	_ = os.Remove(filepath.Join(r.cfg.DataDir, adminTokenFile))
+	for _, c := range r.closers {
+		errs = append(errs, c())
+	}
 	if r.cluster != nil {
 		errs = append(errs, r.cluster.Close())
 	}
@@ -566,7 +572,7 @@ func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.R
 // startPushGateway adds the gateway mounts (one provider each) whose
 // listeners are on, sharing one key store unless RELAY_PUSH_SEPARATE_KEYS.
 // It returns the key management of each mount for the admin listener.
-func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (map[string]*pushgw.Keys, error) {
+func (r *relay) startPushGateway(ctx context.Context, cfg config.Config, pushers mailbox.Pushers, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (map[string]*pushgw.Keys, error) {
 	mounts := []struct {
 		service  config.Service
 		provider string
@@ -576,7 +582,7 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 		{config.PushAPNs, pushgw.ProviderAPNs, store.PushScopeAPNs},
 	}
 	keys := map[string]*pushgw.Keys{}
-	var shared *store.PushGateway
+	var shared store.PushGatewayStore
 	var metrics *pushgw.Metrics
 	for _, m := range mounts {
 		l := cfg.Listeners[m.service]
@@ -586,13 +592,13 @@ func (r *relay) startPushGateway(cfg config.Config, pushers mailbox.Pushers, reg
 		if metrics == nil {
 			metrics = pushgw.NewMetrics(reg)
 		}
-		var st *store.PushGateway
+		var st store.PushGatewayStore
 		var err error
 		switch {
 		case cfg.Gateway.SeparateKeys:
-			st, err = store.NewPushGateway(r.db, m.scope)
+			st, err = r.pushGatewayStore(ctx, m.scope)
 		case shared == nil:
-			shared, err = store.NewPushGateway(r.db, store.PushScopeShared)
+			shared, err = r.pushGatewayStore(ctx, store.PushScopeShared)
 			st = shared
 		default:
 			st = shared

@@ -51,6 +51,17 @@ func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValu
 	return kv, err
 }
 
+// EnsureStream creates a stream, or updates it to sc, retrying like Bucket
+// does while a cluster that just started cannot place it yet.
+func (c *Cluster) EnsureStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	var st jetstream.Stream
+	err := c.retry(ctx, "create stream "+sc.Name, func(ctx context.Context) (err error) {
+		st, err = c.js.CreateOrUpdateStream(ctx, sc)
+		return err
+	})
+	return st, err
+}
+
 // Stream binds the stream of a bucket made by Bucket (for leader reads by
 // sequence, purges and info), retrying like Bucket: right after the bucket
 // is created its stream's info may not answer yet.

@@ -181,7 +181,7 @@ func New(ctx context.Context, c *cluster.Cluster, scope store.PushScope) (*Gatew
 			return nil, fmt.Errorf("pushkv: %w", cluster.Fail("open bucket "+b.cfg.Name, err))
 		}
 	}
-	if g.budget, err = g.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if g.budget, err = c.EnsureStream(ctx, jetstream.StreamConfig{
 		Name:              budgetStream,
 		Subjects:          []string{budgetSubject + ".>"},
 		Storage:           jetstream.FileStorage,
@@ -344,8 +344,12 @@ func (g *Gateway) byIDLocal(id string) (store.PushKey, bool) {
 	return store.PushKey{}, false
 }
 
-// Keys lists every key of the mirror, oldest first.
+// Keys lists every key of the mirror, oldest first, once the mirror has
+// caught up with the bucket: the operator's list right after a create or
+// revoke through another node shows it (a listing is rare; one leader
+// round trip is its cost).
 func (g *Gateway) Keys() []store.PushKey {
+	g.catchUp()
 	g.mu.RLock()
 	out := make([]store.PushKey, 0, len(g.byID))
 	for _, m := range g.byID {
