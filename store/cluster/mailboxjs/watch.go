@@ -92,8 +92,9 @@ func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfi
 		}
 		w.subs = append(w.subs, sub)
 	}
-	// The subscriptions reach the server before the head is read, so
-	// nothing stored after that read can be missed.
+	// The subscriptions reach the server before the head is read, so a
+	// message stored after that read is republished to this watch; one
+	// lost anyway shows as a gap at the next message.
 	if err := s.nc.FlushWithContext(ctx); err != nil {
 		w.unsubscribe()
 		return nil, cluster.Fail("watch "+name, err)
