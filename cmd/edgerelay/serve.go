@@ -119,7 +119,7 @@ type relay struct {
 	// closers release what the services' stores hold (cluster watches),
 	// after the listeners and before the cluster connection.
 	closers []func() error
-	turn           *turn.Server
+	turn    *turn.Server
 }
 
 func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
