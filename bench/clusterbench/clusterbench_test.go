@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"edgerelay/store"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/cluster/mailboxjs"
 )
@@ -69,6 +70,12 @@ func BenchmarkCluster(b *testing.B) {
 // rounds of every case in one run.
 const rounds = 5
 
+func (bc *bench) claim(b *testing.B, node int, name string) {
+	if _, err := bc.stores[node].Claim(context.Background(), name, store.Hash{1}, time.Now().UnixNano(), time.Hour, 720*time.Hour); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // writer is one writer's state: its mailbox and what it needs between ops.
 type writer struct {
 	node    int
@@ -89,7 +96,8 @@ func (bc *bench) run(b *testing.B, writers int, do op) {
 	ws := make([]*writer, writers)
 	for i := range ws {
 		ws[i] = &writer{node: i % 3, name: fmt.Sprintf("bench/r%dw%d-mailbox00000000", run, i)}
-		// The first write (not timed) places the mailbox and finds its shard.
+		// The claim and first write (not timed) place the mailbox.
+		bc.claim(b, ws[i].node, ws[i].name)
 		if _, err := bc.stores[ws[i].node].Put(context.Background(), ws[i].name, 'p', 1, envelope(1), unlimited, time.Now().UnixNano()); err != nil {
 			b.Fatal(err)
 		}
@@ -232,6 +240,7 @@ func (bc *bench) batchOnce(ctx context.Context, nc *nats.Conn, w *writer, base s
 // 2, one write at a time; the time from the start of the Put to Deliver.
 func (bc *bench) watchLatency(b *testing.B) {
 	name := fmt.Sprintf("bench/watch%d-mailbox0000000", bc.runs.Add(1))
+	bc.claim(b, 0, name)
 	var mu sync.Mutex
 	sent := make(map[uint64]time.Time)
 	got := make(chan time.Duration, 1)

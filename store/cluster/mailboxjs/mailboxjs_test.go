@@ -40,6 +40,16 @@ func envelope(seq uint64, b string) []byte {
 	return append(e, make([]byte, 16)...)
 }
 
+// claim makes name exist, as the handler's claim does before any write.
+func claim(t *testing.T, s *Store, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, err := s.Claim(clustertest.Context(t), name, store.Hash{1}, time.Now().UnixNano(), time.Hour, idle); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 var noLimits = Limits{MaxStored: 4096, MaxStoredBytes: 32 << 20}
 
 // idle is RELAY_IDLE's default.
@@ -163,6 +173,7 @@ func TestMailboxOnThreeNodes(t *testing.T) {
 
 func testPutOnNode0WatchOnNode2(t *testing.T, st []*Store) {
 	name := "app/mailbox0000000001"
+	claim(t, st[0], name)
 	r := newRecorder()
 	w := watch(t, st[2], name, 'p', 0, r)
 	mustPut(t, st[0], name, 'p', 1, envelope(1, "m1"), Created)
@@ -179,6 +190,8 @@ func testPutOnNode0WatchOnNode2(t *testing.T, st []*Store) {
 	if got := r.waitFor(t, 2); !slices.Equal(got, []uint64{1, 2}) {
 		t.Fatalf("first watch got %v", got)
 	}
+	// A mailbox nobody claimed takes no envelope.
+	mustPut(t, st[1], "app/neverclaimed000001", 'p', 1, envelope(1, "m1"), NoMailbox)
 	// The other direction saw nothing.
 	if got := scanAll(t, st[1], name, 'c', 0); len(got) != 0 {
 		t.Fatalf("c2p holds %v", got)
@@ -196,6 +209,7 @@ func testPutOnNode0WatchOnNode2(t *testing.T, st []*Store) {
 // and a scan returns all of them ascending.
 func testRacingWritersOneDirection(t *testing.T, st []*Store) {
 	name := "app/racing0000000000001"
+	claim(t, st[0], name)
 	const writers, each = 8, 12
 	before := newRecorder()
 	watch(t, st[2], name, 'c', 0, before)
@@ -270,6 +284,7 @@ func testRacingWritersOneDirection(t *testing.T, st []*Store) {
 // reads the missed envelopes from the stream, in order.
 func testWatchGapIsReadBack(t *testing.T, st []*Store) {
 	name := "app/gaps00000000000001"
+	claim(t, st[0], name)
 	r := newRecorder()
 	n := 0
 	w, err := st[1].Watch(clustertest.Context(t), name, 'p', WatchConfig{
@@ -294,6 +309,7 @@ func testWatchGapIsReadBack(t *testing.T, st []*Store) {
 // (they are acknowledged) instead of waiting for them, and goes on.
 func testWatchGapPrunedMeanwhile(t *testing.T, st []*Store) {
 	name := "app/gapprune0000000001"
+	claim(t, st[0], name)
 	r := newRecorder()
 	held := make(chan struct{})
 	w, err := st[1].Watch(clustertest.Context(t), name, 'p', WatchConfig{
@@ -332,6 +348,7 @@ func testWatchGapPrunedMeanwhile(t *testing.T, st []*Store) {
 
 func testRetryAndConflict(t *testing.T, st []*Store) {
 	name := "app/retry0000000000001"
+	claim(t, st[0], name)
 	mustPut(t, st[0], name, 'p', 1, envelope(1, "m1"), Created)
 	mustPut(t, st[0], name, 'p', 3, envelope(3, "m3"), Created)
 	mustPut(t, st[1], name, 'p', 2, envelope(2, "m2"), Created) // below the max: out of order
@@ -360,6 +377,7 @@ func testLimitsAtTheEdge(t *testing.T, st []*Store) {
 		}
 		return r
 	}
+	claim(t, st[0], "app/count000000000001", "app/bytes000000000001", "app/rate0000000000001")
 	// Count: 3 stored, the 4th is full.
 	lim := Limits{MaxStored: 3, MaxStoredBytes: 1 << 20}
 	for seq := uint64(1); seq <= 3; seq++ {
@@ -396,6 +414,7 @@ func testLimitsAtTheEdge(t *testing.T, st []*Store) {
 
 func testPruneThenScan(t *testing.T, st []*Store) {
 	name := "app/prune000000000001"
+	claim(t, st[0], name)
 	for _, seq := range []uint64{1, 2, 3, 4, 6, 7, 8, 5, 9, 10} { // 5 out of order
 		mustPut(t, st[seq%3], name, 'p', seq, envelope(seq, fmt.Sprint("m", seq)), Created)
 	}
@@ -476,8 +495,16 @@ func testEraseRemovesEverythingAndNotifies(t *testing.T, st []*Store) {
 		}
 	}
 	// The node that wrote last has a stale cached head: its next write
-	// starts the direction afresh.
-	mustPut(t, st[0], name, 'p', 1, envelope(1, "new"), Created)
+	// finds the direction gone and no claim, and stores nothing.
+	mustPut(t, st[0], name, 'p', 2, envelope(2, "late"), NoMailbox)
+	mustPut(t, st[1], name, 'c', 1, envelope(1, "late"), NoMailbox)
+	if o, err := st[2].Claim(ctx, name, store.Hash{2}, time.Now().UnixNano(), time.Hour, idle); err != nil || o != ClaimCreated {
+		t.Fatal(o, err)
+	}
+	mustPut(t, st[0], name, 'p', 1, envelope(1, "m1"), Created)
+	if got := scanBytes(t, st[1], name, 'p', 0, 0); len(got) != 1 {
+		t.Fatalf("after the new claim: %v", got)
+	}
 }
 
 func testClaimOneWinnerAcrossNodes(t *testing.T, st []*Store) {
@@ -619,6 +646,7 @@ func testPushRegistration(t *testing.T, st []*Store) {
 
 func testWatchOverflowEnds(t *testing.T, st []*Store) {
 	name := "app/overflow000000001"
+	claim(t, st[0], name)
 	block := make(chan struct{})
 	end := make(chan error, 1)
 	w, err := st[1].Watch(clustertest.Context(t), name, 'p', WatchConfig{
@@ -697,6 +725,7 @@ func testSweeperUnderLease(t *testing.T, st []*Store) {
 func TestLeaderStopLosesNothingAcknowledged(t *testing.T) {
 	nodes, st := start(t)
 	name := "app/leader00000000001"
+	claim(t, st[0], name)
 	n, _ := st[0].names(name)
 	ctx := clustertest.Context(t)
 	info, err := st[0].streams[n.shard].Info(ctx)
@@ -744,6 +773,7 @@ func TestLeaderStopLosesNothingAcknowledged(t *testing.T) {
 func TestNoQuorumIsUnavailable(t *testing.T) {
 	nodes, st := start(t)
 	name := "app/quorum00000000001"
+	claim(t, st[0], name)
 	mustPut(t, st[0], name, 'p', 1, envelope(1, "m1"), Created)
 	nodes.Stop(1)
 	nodes.Stop(2)

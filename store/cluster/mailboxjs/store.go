@@ -396,6 +396,7 @@ const (
 	Pruned                         // 409: at or below the pruned mark
 	Full                           // 507
 	RateLimited                    // 429, RetryAfter set
+	NoMailbox                      // 404: the direction's first write found no claim (erased meanwhile)
 )
 
 // PutResult is what a Put decided.
@@ -455,6 +456,16 @@ func (s *Store) Put(ctx context.Context, name string, dir byte, seq uint64, env 
 		}
 		if next == nil {
 			return res, nil
+		}
+		if h.Rev == 0 {
+			// The direction's first write (or the first after an
+			// erase): a mailbox erased since the caller checked its
+			// claim must not get an envelope nobody can reach.
+			if _, _, err := s.readClaim(ctx, n); errors.Is(err, store.ErrNotFound) {
+				return PutResult{Outcome: NoMailbox}, nil
+			} else if err != nil {
+				return PutResult{}, err
+			}
 		}
 		subject := n.inOrder(dir)
 		hdr := nats.Header{
