@@ -53,6 +53,14 @@ const (
 	opTimeout = 5 * time.Second
 	// probeEvery is how often readiness asks JetStream whether it answers.
 	probeEvery = livenessRefresh
+	// logEvery is how often one failure that keeps recurring (a probe, a
+	// refused connection attempt) is logged again; a new reason is logged
+	// at once.
+	logEvery = 10 * probeEvery
+	// recentNATSError is how long an error the server reported on its own
+	// (a permissions violation answers no request: the request times out)
+	// is named as the likely cause of a failed probe.
+	recentNATSError = 10 * time.Second
 )
 
 // Cluster is a node's connection to the shared store.
@@ -69,8 +77,13 @@ type Cluster struct {
 	// down is why the shared store cannot take writes right now (an error
 	// wrapping store.ErrUnavailable), or nil while it can.
 	down atomic.Pointer[error]
-	stop chan struct{}
-	bg   sync.WaitGroup // watch and the liveness refresh
+	// natsErr is the latest failed connection attempt or error the server
+	// reported outside a request (authorization, permissions), so that the
+	// log says why the store is unreachable rather than only that it is.
+	natsErr atomic.Pointer[natsError]
+	logs    logLimit
+	stop    chan struct{}
+	bg      sync.WaitGroup // watch and the liveness refresh
 }
 
 // Open starts the embedded server when configured, connects, and waits until
@@ -96,7 +109,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	_, _ = rand.Read(inc)
 	c := &Cluster{
 		node: cfg.NodeName, incarnation: hex.EncodeToString(inc), replicas: cfg.Replicas,
-		log: log, stop: make(chan struct{}),
+		log: log, stop: make(chan struct{}), logs: logLimit{every: logEvery},
 	}
 	c.setDown(fmt.Errorf("%w: not connected to NATS yet", store.ErrUnavailable))
 	opts := []nats.Option{
@@ -104,6 +117,20 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
+		// nats.go gives up for good once a server refuses the same
+		// credentials twice; the operator may fix the server side (an
+		// account, a permission) without restarting this node, so keep
+		// trying, saying why in the log.
+		nats.IgnoreAuthErrorAbort(),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { c.noteNATSError(err) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil { // a subscription's own errors (slow consumer) say nothing of the store
+				c.noteNATSError(err)
+			}
+			if c.logs.due("async " + err.Error()) {
+				log.Warn("NATS reported an error", "error", err)
+			}
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			c.setDown(fmt.Errorf("%w: disconnected from NATS", store.ErrUnavailable))
 			log.Warn("disconnected from NATS", "error", err)
@@ -146,8 +173,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	return c, nil
 }
 
-// waitReady polls JetStream until it answers, logging once on the first miss
-// and then every ten.
+// waitReady polls JetStream until it answers, logging a reason when it is
+// first seen and then every logEvery while it lasts.
 func (c *Cluster) waitReady(ctx context.Context) error {
 	for miss := 0; ; miss++ {
 		err := c.probe(ctx)
@@ -158,7 +185,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			}
 			return nil
 		}
-		if miss%10 == 0 {
+		if c.logs.due(err.Error()) {
 			c.log.Warn("cluster store not reachable yet, retrying (this node serves nothing until it is)", "node", c.node, "error", err)
 		}
 		select {
@@ -177,6 +204,18 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 // the meta group's quorum. One write a second per node is the cost.
 func (c *Cluster) probe(ctx context.Context) error {
 	if !c.nc.IsConnected() {
+		// The failed attempt's reason (TLS verification, authorization):
+		// the connection's own while it retries a server that answers,
+		// the reconnect callback's for one that does not.
+		why := c.nc.LastError()
+		if why == nil {
+			if e := c.natsErr.Load(); e != nil {
+				why = e.err
+			}
+		}
+		if why != nil {
+			return fmt.Errorf("%w: not connected to NATS: %w", store.ErrUnavailable, why)
+		}
 		return fmt.Errorf("%w: not connected to NATS", store.ErrUnavailable)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -184,19 +223,74 @@ func (c *Cluster) probe(ctx context.Context) error {
 	if c.nodes == nil {
 		for _, b := range []BucketConfig{{Name: configBucket}, {Name: nodesBucket, MaxAge: livenessTTL}} {
 			if _, err := c.js.CreateOrUpdateStream(ctx, c.bucketStream(b)); err != nil {
-				return fmt.Errorf("%w: JetStream does not answer: %w", store.ErrUnavailable, err)
+				return c.unreachable("JetStream does not answer", err)
 			}
 		}
 		kv, err := c.js.KeyValue(ctx, nodesBucket)
 		if err != nil {
-			return fmt.Errorf("%w: JetStream does not answer: %w", store.ErrUnavailable, err)
+			return c.unreachable("JetStream does not answer", err)
 		}
 		c.nodes = kv
 	}
 	if _, err := c.nodes.Put(ctx, c.node, []byte(c.incarnation)); err != nil {
-		return fmt.Errorf("%w: no JetStream quorum (a write was not acknowledged): %w", store.ErrUnavailable, err)
+		return c.unreachable("no JetStream quorum (a write was not acknowledged)", err)
 	}
 	return nil
+}
+
+// unreachable is a failed probe's error, naming the error the server
+// reported on its own just before, if any: a request the account may not
+// publish is never answered, so the probe itself only sees a timeout.
+func (c *Cluster) unreachable(what string, err error) error {
+	if e := c.natsErr.Load(); e != nil && time.Since(e.at) < recentNATSError && !errors.Is(err, e.err) {
+		return fmt.Errorf("%w: %s: %w (NATS reported: %w)", store.ErrUnavailable, what, err, e.err)
+	}
+	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, what, err)
+}
+
+// natsError is an error NATS reported through a callback, and when.
+type natsError struct {
+	err error
+	at  time.Time
+}
+
+func (c *Cluster) noteNATSError(err error) {
+	if err != nil {
+		c.natsErr.Store(&natsError{err: err, at: time.Now()})
+	}
+}
+
+// logLimit lets a recurring message through once per interval (a failure
+// retried every second is logged clearly at once, then every interval);
+// a message not seen before passes at once. It remembers a bounded number
+// of messages.
+type logLimit struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  map[string]time.Time
+}
+
+// maxLogMessages bounds logLimit's memory; when full it starts over,
+// which at worst logs each message once more.
+const maxLogMessages = 16
+
+// due reports whether msg should be logged now, and if so counts it as
+// logged.
+func (l *logLimit) due(msg string) bool {
+	// One failure reads "authorization violation" from nats.go and
+	// "Authorization Violation" from the server.
+	msg = strings.ToLower(msg)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if at, ok := l.last[msg]; ok && now.Sub(at) < l.every {
+		return false
+	}
+	if l.last == nil || len(l.last) >= maxLogMessages {
+		l.last = make(map[string]time.Time, maxLogMessages)
+	}
+	l.last[msg] = now
+	return true
 }
 
 // watch keeps the readiness and the liveness record current until Close.
@@ -213,7 +307,7 @@ func (c *Cluster) watch() {
 		prev := c.Unavailable()
 		c.setDown(err)
 		switch {
-		case err != nil && prev == nil:
+		case err != nil && (c.logs.due(err.Error()) || prev == nil):
 			c.log.Warn("cluster store unavailable: writes answer 503", "error", err)
 		case err == nil && prev != nil:
 			c.log.Info("cluster store available again")
@@ -275,4 +369,14 @@ func (c *Cluster) closeEngine() {
 	if c.embed != nil {
 		c.embed.Close()
 	}
+}
+
+// Writable refuses a write at once, as op's failure, while readiness says
+// the shared store cannot acknowledge it (instead of waiting out a
+// timeout per request).
+func (c *Cluster) Writable(op string) error {
+	if err := c.Unavailable(); err != nil {
+		return Fail(op, err)
+	}
+	return nil
 }
