@@ -741,7 +741,46 @@ func TestLeaderStopLosesNothingAcknowledged(t *testing.T) {
 	if leader < 0 {
 		t.Fatalf("no leader in %+v", info.Cluster)
 	}
-	writer := st[(leader+1)%3]
+	writer, reader := st[(leader+1)%3], st[(leader+2)%3]
+	// A watcher on the third node, reopened with after = the last it
+	// holds whenever it ends unavailable (as a client reconnects), sees
+	// every acknowledged envelope once.
+	r := newRecorder()
+	var mu sync.Mutex
+	var cur *Watch
+	stopped := false
+	var reopen func(after uint64)
+	reopen = func(after uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		w, err := reader.Watch(clustertest.Context(t), name, 'p', WatchConfig{After: after, Deliver: r.deliver, End: func(err error) {
+			if errors.Is(err, store.ErrUnavailable) {
+				var last uint64
+				if got := r.got(); len(got) > 0 {
+					last = got[len(got)-1]
+				}
+				go reopen(last)
+			}
+		}})
+		if err != nil {
+			t.Errorf("reopen watch: %v", err)
+			return
+		}
+		cur = w
+	}
+	t.Cleanup(func() {
+		mu.Lock()
+		stopped = true
+		w := cur
+		mu.Unlock()
+		if w != nil {
+			w.Close()
+		}
+	})
+	reopen(0)
 	var acked []uint64
 	for seq := uint64(1); seq <= 40; seq++ {
 		if seq == 10 {
@@ -764,9 +803,11 @@ func TestLeaderStopLosesNothingAcknowledged(t *testing.T) {
 			}
 		}
 	}
-	reader := st[(leader+2)%3]
 	if got := scanAll(t, reader, name, 'p', 0); !slices.Equal(got, acked) {
 		t.Fatalf("after the leader stopped: %v, acknowledged %v", got, acked)
+	}
+	if got := r.waitFor(t, len(acked)); !slices.Equal(got, acked) {
+		t.Fatalf("watch across the leader change: %v, acknowledged %v", got, acked)
 	}
 }
 
