@@ -51,7 +51,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -154,29 +153,9 @@ func toHash(b []byte) (h store.Hash) {
 
 func same(a []byte, h store.Hash) bool { return subtle.ConstantTimeCompare(a, h[:]) == 1 }
 
-// writable refuses a write at once while the shared store takes none.
-func (s *Store) writable(op string) error {
-	if err := s.c.Unavailable(); err != nil {
-		return cluster.Fail(op, err)
-	}
-	return nil
-}
-
-// get reads key: its entry, or nil when it holds no value.
-func (s *Store) get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	e, err := s.kv.Get(ctx, key)
-	if cluster.Absent(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, cluster.Fail("read "+key, err)
-	}
-	return e, nil
-}
-
 // getJSON reads the record at key into v: false when there is none.
 func (s *Store) getJSON(ctx context.Context, key string, v any) (bool, uint64, error) {
-	e, err := s.get(ctx, key)
+	e, err := cluster.Get(ctx, s.kv, key)
 	if err != nil || e == nil {
 		return false, 0, err
 	}
@@ -216,7 +195,7 @@ func (s *Store) list(ctx context.Context, prefix string) ([]string, error) {
 // AddAccount stores a new account with the hash of its client token;
 // account names are unique across the cluster.
 func (s *Store) AddAccount(id, name string, client store.Hash, now time.Time) error {
-	if err := s.writable("add account"); err != nil {
+	if err := s.c.Writable("add account"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -257,7 +236,7 @@ func (s *Store) AddAccount(id, name string, client store.Hash, now time.Time) er
 // reservation over and returns its revision.
 func (s *Store) takeName(ctx context.Context, id, name string) (uint64, error) {
 	exists := fmt.Errorf("%w: %q", store.ErrAccountExists, name)
-	e, err := s.get(ctx, nameKey(name))
+	e, err := cluster.Get(ctx, s.kv, nameKey(name))
 	if err != nil {
 		return 0, err
 	}
@@ -298,7 +277,7 @@ func (s *Store) takeClientHint(ctx context.Context, id string, client store.Hash
 	if !cluster.Conflict(err) {
 		return 0, cluster.Fail("client token hint", err)
 	}
-	e, err := s.get(ctx, clientKey(client))
+	e, err := cluster.Get(ctx, s.kv, clientKey(client))
 	if err != nil {
 		return 0, err
 	}
@@ -329,7 +308,7 @@ func (s *Store) Accounts() ([]store.AgentAccount, error) {
 		return nil, err
 	}
 	all := make([]store.AgentAccount, len(ids))
-	err = each(len(ids), func(i int) error {
+	err = cluster.Each(len(ids), func(i int) error {
 		a, err := s.account(ctx, ids[i])
 		if errors.Is(err, store.ErrUnknownAccount) {
 			return nil // a deleted record's marker
@@ -377,7 +356,7 @@ func (s *Store) AccountByName(name string) (store.AgentAccount, error) {
 	ctx, cancel := cluster.Context()
 	defer cancel()
 	unknown := fmt.Errorf("%w: %q", store.ErrUnknownAccount, name)
-	e, err := s.get(ctx, nameKey(name))
+	e, err := cluster.Get(ctx, s.kv, nameKey(name))
 	if err != nil {
 		return store.AgentAccount{}, err
 	}
@@ -396,7 +375,7 @@ func (s *Store) AccountByName(name string) (store.AgentAccount, error) {
 func (s *Store) AccountByClientToken(h store.Hash) (store.AgentAccount, error) {
 	ctx, cancel := cluster.Context()
 	defer cancel()
-	e, err := s.get(ctx, clientKey(h))
+	e, err := cluster.Get(ctx, s.kv, clientKey(h))
 	if err != nil {
 		return store.AgentAccount{}, err
 	}
@@ -428,7 +407,7 @@ func (s *Store) accountByClient(ctx context.Context, e jetstream.KeyValueEntry, 
 // every pairing record (one round trip each), so a node prunes at most once
 // per pruneEvery, and best effort: the next one prunes what it could not.
 func (s *Store) AddPairingKey(h store.Hash, account string, now, expires time.Time) error {
-	if err := s.writable("add pairing key"); err != nil {
+	if err := s.c.Writable("add pairing key"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -475,7 +454,7 @@ func (s *Store) prune(ctx context.Context, now time.Time) {
 // RedeemPairingKey spends the pairing key h at most once across the cluster
 // and creates the instance id (see the package comment for the order).
 func (s *Store) RedeemPairingKey(h store.Hash, id, name string, token store.Hash, now time.Time) (store.AgentInstance, error) {
-	if err := s.writable("redeem pairing key"); err != nil {
+	if err := s.c.Writable("redeem pairing key"); err != nil {
 		return store.AgentInstance{}, err
 	}
 	ctx, cancel := cluster.Context()
@@ -504,7 +483,7 @@ func (s *Store) RedeemPairingKey(h store.Hash, id, name string, token store.Hash
 	} else if err != nil {
 		return store.AgentInstance{}, err
 	}
-	if e, err := s.get(ctx, instanceKey(id)); err != nil {
+	if e, err := cluster.Get(ctx, s.kv, instanceKey(id)); err != nil {
 		return store.AgentInstance{}, err
 	} else if e != nil {
 		return store.AgentInstance{}, fmt.Errorf("%w: %q", store.ErrInstanceExists, id)
@@ -589,7 +568,7 @@ func (s *Store) instance(ctx context.Context, id string) (store.AgentInstance, e
 func (s *Store) InstanceByToken(h store.Hash) (store.AgentInstance, error) {
 	ctx, cancel := cluster.Context()
 	defer cancel()
-	e, err := s.get(ctx, instTokenKey(h))
+	e, err := cluster.Get(ctx, s.kv, instTokenKey(h))
 	if err != nil {
 		return store.AgentInstance{}, err
 	}
@@ -619,7 +598,7 @@ func (s *Store) Instances() ([]store.AgentInstance, error) {
 		return nil, err
 	}
 	all := make([]store.AgentInstance, len(ids))
-	err = each(len(ids), func(i int) error {
+	err = cluster.Each(len(ids), func(i int) error {
 		inst, err := s.instance(ctx, ids[i])
 		if errors.Is(err, store.ErrUnknownInstance) {
 			return nil // a deleted record's marker
@@ -653,7 +632,7 @@ func (s *Store) Instances() ([]store.AgentInstance, error) {
 // node from the return on), then drops its token hint. Revoking a revoked
 // instance is not an error.
 func (s *Store) RevokeInstance(id string) (store.AgentInstance, error) {
-	if err := s.writable("revoke instance"); err != nil {
+	if err := s.c.Writable("revoke instance"); err != nil {
 		return store.AgentInstance{}, err
 	}
 	if !validID(id) {
@@ -681,7 +660,7 @@ func (s *Store) RevokeInstance(id string) (store.AgentInstance, error) {
 	if err != nil {
 		return store.AgentInstance{}, err
 	}
-	if e, err := s.get(ctx, instTokenKey(inst.Token)); err == nil && e != nil && string(e.Value()) == id {
+	if e, err := cluster.Get(ctx, s.kv, instTokenKey(inst.Token)); err == nil && e != nil && string(e.Value()) == id {
 		_ = cluster.Delete(ctx, s.kv, instTokenKey(inst.Token), e.Revision())
 	}
 	return inst, nil
@@ -702,7 +681,7 @@ var ErrImportConflict = errors.New("agentkv: the cluster holds this record in an
 
 // ImportAccount imports one account.
 func (s *Store) ImportAccount(a store.AgentAccount) error {
-	if err := s.writable("import account"); err != nil {
+	if err := s.c.Writable("import account"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -714,17 +693,17 @@ func (s *Store) ImportAccount(a store.AgentAccount) error {
 		if !cluster.Conflict(err) {
 			return cluster.Fail("import: reserve account name", err)
 		}
-		if e, err := s.get(ctx, nameKey(a.Name)); err != nil {
+		if e, err := cluster.Get(ctx, s.kv, nameKey(a.Name)); err != nil {
 			return err
-		} else if string(valueOf(e)) != a.ID {
+		} else if string(cluster.Value(e)) != a.ID {
 			if _, err := s.takeName(ctx, a.ID, a.Name); err != nil {
 				return err
 			}
 		}
 	}
-	if e, err := s.get(ctx, clientKey(a.ClientToken)); err != nil {
+	if e, err := cluster.Get(ctx, s.kv, clientKey(a.ClientToken)); err != nil {
 		return err
-	} else if string(valueOf(e)) != a.ID {
+	} else if string(cluster.Value(e)) != a.ID {
 		if _, err := s.takeClientHint(ctx, a.ID, a.ClientToken); err != nil {
 			return fmt.Errorf("import account %q: %w", a.Name, err)
 		}
@@ -735,7 +714,7 @@ func (s *Store) ImportAccount(a store.AgentAccount) error {
 // ImportInstance imports one instance (its account imported first); a
 // revoked one gets no token hint.
 func (s *Store) ImportInstance(in store.AgentInstance) error {
-	if err := s.writable("import instance"); err != nil {
+	if err := s.c.Writable("import instance"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -748,9 +727,9 @@ func (s *Store) ImportInstance(in store.AgentInstance) error {
 			if !cluster.Conflict(err) {
 				return cluster.Fail("import: instance token hint", err)
 			}
-			if e, err := s.get(ctx, instTokenKey(in.Token)); err != nil {
+			if e, err := cluster.Get(ctx, s.kv, instTokenKey(in.Token)); err != nil {
 				return err
-			} else if string(valueOf(e)) != in.ID {
+			} else if string(cluster.Value(e)) != in.ID {
 				return fmt.Errorf("%w: instance %q: its token names another instance", ErrImportConflict, in.ID)
 			}
 		}
@@ -761,7 +740,7 @@ func (s *Store) ImportInstance(in store.AgentInstance) error {
 
 // ImportPairingKey imports one pairing key record.
 func (s *Store) ImportPairingKey(p store.AgentPairingKey) error {
-	if err := s.writable("import pairing key"); err != nil {
+	if err := s.c.Writable("import pairing key"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -781,7 +760,7 @@ func (s *Store) importRecord(ctx context.Context, key string, v any) error {
 		if !cluster.Conflict(err) {
 			return cluster.Fail("import "+key, err)
 		}
-		e, err := s.get(ctx, key)
+		e, err := cluster.Get(ctx, s.kv, key)
 		if err != nil {
 			return err
 		}
@@ -790,42 +769,6 @@ func (s *Store) importRecord(ctx context.Context, key string, v any) error {
 		}
 	}
 	return nil
-}
-
-func valueOf(e jetstream.KeyValueEntry) []byte {
-	if e == nil {
-		return nil
-	}
-	return e.Value()
-}
-
-// listWorkers bounds the reads a listing has in flight: a list of thousands
-// of records takes its round trips side by side rather than one after the
-// other (0.15 ms each through another node), within one operation timeout.
-const listWorkers = 8
-
-// each calls fn for every index below n with at most listWorkers calls at
-// once, and returns the first error.
-func each(n int, fn func(i int) error) error {
-	sem := make(chan struct{}, listWorkers)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if err := fn(i); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return first
 }
 
 // WatchRevoked calls fn, from one goroutine, with the id of every instance

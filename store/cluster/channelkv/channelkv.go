@@ -52,7 +52,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -154,29 +153,9 @@ func parseHash(v []byte) (store.Hash, bool) {
 
 func hexValue(h store.Hash) []byte { return []byte(hex.EncodeToString(h[:])) }
 
-// writable refuses a write at once while the shared store takes none.
-func (s *Claims) writable(op string) error {
-	if err := s.c.Unavailable(); err != nil {
-		return cluster.Fail(op, err)
-	}
-	return nil
-}
-
-// get reads key: its entry, or nil when it holds no value.
-func (s *Claims) get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	e, err := s.kv.Get(ctx, key)
-	if cluster.Absent(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, cluster.Fail("read "+key, err)
-	}
-	return e, nil
-}
-
 // record reads the key record of h: nil when there is none.
 func (s *Claims) record(ctx context.Context, h store.Hash) (*record, uint64, error) {
-	e, err := s.get(ctx, claimKey(h))
+	e, err := cluster.Get(ctx, s.kv, claimKey(h))
 	if err != nil || e == nil {
 		return nil, 0, err
 	}
@@ -203,7 +182,7 @@ func encode(rec *record) ([]byte, error) {
 // AddKey stores a new claim key hash for host; host names are unique across
 // the cluster.
 func (s *Claims) AddKey(h store.Hash, host string, now time.Time) error {
-	if err := s.writable("add claim key"); err != nil {
+	if err := s.c.Writable("add claim key"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -240,7 +219,7 @@ func (s *Claims) AddKey(h store.Hash, host string, now time.Time) error {
 // names a key of that host (or an add in flight), else it takes the stale
 // reservation over and returns its revision.
 func (s *Claims) takeHost(ctx context.Context, h store.Hash, host, resKey string) (uint64, error) {
-	e, err := s.get(ctx, resKey)
+	e, err := cluster.Get(ctx, s.kv, resKey)
 	if err != nil {
 		return 0, err
 	}
@@ -301,7 +280,7 @@ func (s *Claims) Keys() ([]store.ChannelKey, error) {
 		}
 	}
 	recs := make([]*record, len(hashes))
-	err = each(len(hashes), func(i int) (err error) {
+	err = cluster.Each(len(hashes), func(i int) (err error) {
 		recs[i], _, err = s.record(ctx, hashes[i])
 		return err
 	})
@@ -328,7 +307,7 @@ type hint struct {
 // Claim binds owner and phone token hashes to the unused key h and returns
 // the key's host (see the package comment for the order of the writes).
 func (s *Claims) Claim(h, owner, phone store.Hash, now time.Time) (string, error) {
-	if err := s.writable("claim"); err != nil {
+	if err := s.c.Writable("claim"); err != nil {
 		return "", err
 	}
 	ctx, cancel := cluster.Context()
@@ -409,7 +388,7 @@ func (s *Claims) Claim(h, owner, phone store.Hash, now time.Time) (string, error
 // (read first: it is nearly always there, and a failed create costs two
 // round trips).
 func (s *Claims) ensureHint(ctx context.Context, r role, tok, h store.Hash) error {
-	e, err := s.get(ctx, r.key(tok))
+	e, err := cluster.Get(ctx, s.kv, r.key(tok))
 	if err != nil || e != nil {
 		return err
 	}
@@ -430,7 +409,7 @@ func orInUse(err error) error {
 // than h that holds the token (claimed with it, or still unused: a claim in
 // flight).
 func (s *Claims) hintBlocks(ctx context.Context, r role, tok, h store.Hash) (bool, error) {
-	e, err := s.get(ctx, r.key(tok))
+	e, err := cluster.Get(ctx, s.kv, r.key(tok))
 	if err != nil || e == nil {
 		return false, err
 	}
@@ -461,7 +440,7 @@ func (s *Claims) takeHint(ctx context.Context, r role, tok, h store.Hash) (uint6
 	if !cluster.Conflict(err) {
 		return 0, cluster.Fail("claim: token hint", err)
 	}
-	e, err := s.get(ctx, key)
+	e, err := cluster.Get(ctx, s.kv, key)
 	if err != nil {
 		return 0, err
 	}
@@ -512,7 +491,7 @@ func (s *Claims) dropStale(ctx context.Context, k store.ChannelKey) {
 		r   role
 		tok store.Hash
 	}{{ownerRole, k.Owner}, {phoneRole, k.Phone}} {
-		e, err := s.get(ctx, x.r.key(x.tok))
+		e, err := cluster.Get(ctx, s.kv, x.r.key(x.tok))
 		if err != nil || e == nil {
 			continue
 		}
@@ -545,7 +524,7 @@ func (s *Claims) byToken(r role, tok store.Hash) (store.ChannelKey, error) {
 // lookup follows the hint of tok to its record and checks the record
 // confirms it: ErrUnknownToken otherwise.
 func (s *Claims) lookup(ctx context.Context, r role, tok store.Hash) (store.Hash, *record, uint64, error) {
-	e, err := s.get(ctx, r.key(tok))
+	e, err := cluster.Get(ctx, s.kv, r.key(tok))
 	if err != nil {
 		return store.Hash{}, nil, 0, err
 	}
@@ -569,7 +548,7 @@ func (s *Claims) lookup(ctx context.Context, r role, tok store.Hash) (store.Hash
 // Release forgets the tokens of the computer whose owner token hashes to
 // owner; the claim key stays used. It returns the key as it was claimed.
 func (s *Claims) Release(owner store.Hash) (store.ChannelKey, error) {
-	if err := s.writable("release"); err != nil {
+	if err := s.c.Writable("release"); err != nil {
 		return store.ChannelKey{}, err
 	}
 	ctx, cancel := cluster.Context()
@@ -604,13 +583,13 @@ func (s *Claims) Release(owner store.Hash) (store.ChannelKey, error) {
 // Revoke removes host's claim key: a claimed computer loses its tokens and
 // the key can never be claimed again.
 func (s *Claims) Revoke(host string) (store.ChannelKey, error) {
-	if err := s.writable("revoke"); err != nil {
+	if err := s.c.Writable("revoke"); err != nil {
 		return store.ChannelKey{}, err
 	}
 	ctx, cancel := cluster.Context()
 	defer cancel()
 	unknown := fmt.Errorf("%w: %q", store.ErrUnknownHost, host)
-	res, err := s.get(ctx, hostKey(host))
+	res, err := cluster.Get(ctx, s.kv, hostKey(host))
 	if err != nil {
 		return store.ChannelKey{}, err
 	}
@@ -644,35 +623,6 @@ func (s *Claims) Revoke(host string) (store.ChannelKey, error) {
 	return store.ChannelKey{}, cluster.Fail("revoke "+host, errors.New("the key record kept changing"))
 }
 
-// listWorkers bounds the reads a listing has in flight: a list of thousands
-// of records takes its round trips side by side rather than one after the
-// other (0.15 ms each through another node), within one operation timeout.
-const listWorkers = 8
-
-// each calls fn for every index below n with at most listWorkers calls at
-// once, and returns the first error.
-func each(n int, fn func(i int) error) error {
-	sem := make(chan struct{}, listWorkers)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if err := fn(i); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return first
-}
-
 // ErrImportConflict is returned by Import for a key the cluster already
 // holds in another state.
 var ErrImportConflict = errors.New("channelkv: the cluster holds this claim key in another state")
@@ -687,7 +637,7 @@ var ErrImportConflict = errors.New("channelkv: the cluster holds this claim key 
 // is an error (ErrImportConflict, ErrHostExists, ErrTokenInUse) naming the
 // host.
 func (s *Claims) Import(k store.ChannelKey) error {
-	if err := s.writable("import claim key"); err != nil {
+	if err := s.c.Writable("import claim key"); err != nil {
 		return err
 	}
 	ctx, cancel := cluster.Context()
@@ -713,11 +663,11 @@ func (s *Claims) Import(k store.ChannelKey) error {
 		if !cluster.Conflict(err) {
 			return cluster.Fail("import: reserve host", err)
 		}
-		e, err := s.get(ctx, resKey)
+		e, err := cluster.Get(ctx, s.kv, resKey)
 		if err != nil {
 			return err
 		}
-		if n, ok := parseHash(valueOf(e)); !ok || n != k.Hash {
+		if n, ok := parseHash(cluster.Value(e)); !ok || n != k.Hash {
 			if _, err := s.takeHost(ctx, k.Hash, k.Host, resKey); err != nil {
 				return fmt.Errorf("import %q: %w", k.Host, err)
 			}
@@ -727,7 +677,7 @@ func (s *Claims) Import(k store.ChannelKey) error {
 		if !cluster.Conflict(err) {
 			return cluster.Fail("import claim key", err)
 		}
-		e, err := s.get(ctx, claimKey(k.Hash))
+		e, err := cluster.Get(ctx, s.kv, claimKey(k.Hash))
 		if err != nil {
 			return err
 		}
@@ -736,13 +686,6 @@ func (s *Claims) Import(k store.ChannelKey) error {
 		}
 	}
 	return nil
-}
-
-func valueOf(e jetstream.KeyValueEntry) []byte {
-	if e == nil {
-		return nil
-	}
-	return e.Value()
 }
 
 // WatchForgotten calls fn, from one goroutine, with the key hash of every
