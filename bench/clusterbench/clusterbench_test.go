@@ -65,6 +65,12 @@ func BenchmarkCluster(b *testing.B) {
 		}
 		b.Run("watch-latency", bc.watchLatency)
 	}
+	// Reads, once: GET by seq (binary search over the direction) and a
+	// fetch of 100 (a Direct Get batch), on a direction of 1,000
+	// envelopes written between 8 other writers' envelopes.
+	bc.fillForReads(b)
+	b.Run("get-by-seq", bc.getBySeq)
+	b.Run("fetch-100", bc.fetch100)
 }
 
 // rounds of every case in one run.
@@ -275,6 +281,87 @@ func (bc *bench) watchLatency(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+const readName, readEnvelopes = "bench/reads-mailbox00000000", 1000
+
+// fillForReads writes readEnvelopes to one direction while 8 writers
+// write their own directions on the same nodes, so that the direction's
+// envelopes are spread over its shard stream as on a busy node.
+func (bc *bench) fillForReads(b *testing.B) {
+	bc.claim(b, 0, readName)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		other := fmt.Sprintf("bench/readsnoise%d-mailbox000", w)
+		bc.claim(b, w%3, other)
+		wg.Go(func() {
+			for seq := uint64(1); ; seq++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := bc.stores[w%3].Put(context.Background(), other, 'p', seq, envelope(seq), unlimited, time.Now().UnixNano()); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	for seq := uint64(1); seq <= readEnvelopes; seq++ {
+		if _, err := bc.stores[0].Put(context.Background(), readName, 'p', seq, envelope(seq), unlimited, time.Now().UnixNano()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func (bc *bench) getBySeq(b *testing.B) {
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		seq := uint64(i*7919%readEnvelopes + 1)
+		t0 := time.Now()
+		env, ok, err := bc.stores[2].Envelope(context.Background(), readName, 'p', seq)
+		if err != nil || !ok || envelopeSeqOf(env) != seq {
+			b.Fatalf("envelope %d: %v %v", seq, ok, err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+func (bc *bench) fetch100(b *testing.B) {
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		after := uint64(i * 7919 % (readEnvelopes - 100))
+		n := 0
+		t0 := time.Now()
+		err := bc.stores[1].Scan(context.Background(), readName, 'p', after, 100*(envelopeSize+4), func(seq uint64, env []byte) bool {
+			n++
+			return n < 100
+		})
+		if err != nil || n != 100 {
+			b.Fatalf("fetch after %d: %d envelopes, %v", after, n, err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+func envelopeSeqOf(env []byte) uint64 { return binary.BigEndian.Uint64(env[1:9]) }
+
+func reportLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")

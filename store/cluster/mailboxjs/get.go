@@ -162,7 +162,10 @@ func (s *Store) readBatch(ctx context.Context, stream, filter string, from, upTo
 	ctx, cancel := bounded(ctx)
 	defer cancel()
 	inbox := nats.NewInbox()
-	sub, err := s.nc.SubscribeSync(inbox)
+	// A channel just big enough for the batch and its end marker:
+	// SubscribeSync would allocate one of 64k entries (512 KiB) per read.
+	ch := make(chan *nats.Msg, batch+2)
+	sub, err := s.nc.ChanSubscribe(inbox, ch)
 	if err != nil {
 		return nil, cluster.Fail("read "+stream, err)
 	}
@@ -173,9 +176,11 @@ func (s *Store) readBatch(ctx context.Context, stream, filter string, from, upTo
 	}
 	var msgs []*msg
 	for {
-		resp, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return msgs, cluster.Fail("read "+stream, err)
+		var resp *nats.Msg
+		select {
+		case resp = <-ch:
+		case <-ctx.Done():
+			return msgs, cluster.Fail("read "+stream, ctx.Err())
 		}
 		switch resp.Header.Get("Status") {
 		case "204", "404": // end of batch; nothing at or after from
