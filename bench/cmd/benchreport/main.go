@@ -22,7 +22,9 @@
 //     golang.org/x/time/rate, the channel codec against encoding/json, the
 //     SDK's envelope seal and open against raw AES-256-GCM, the relays'
 //     exact allocations with raw clients, the mailbox push fan-out and the
-//     push gateway (both to the fake APNs).
+//     push gateway (both to the fake APNs), and the push gateway in
+//     cluster mode (three nodes' mounts on a 3-node embedded NATS cluster)
+//     beside single node.
 //
 // Run it from anywhere inside the module:
 //
@@ -103,6 +105,7 @@ func benchRuns(s settings) []benchRun {
 		{sdkBench, []string{sdkPackage}, s.count, s.benchtime},
 		{pushFanoutBench, []string{pushFanoutPackage}, s.pushCount, s.pushBenchtime},
 		{pushgwBench, []string{pushgwPackage}, s.pushCount, s.pushBenchtime},
+		{pushgwClusterBench, []string{pushgwPackage}, 1, s.pushClusterBenchtime},
 	}
 }
 
@@ -143,6 +146,9 @@ type settings struct {
 	// benchmarks.
 	pushCount     int
 	pushBenchtime string
+	// pushClusterBenchtime is -benchtime of each case of the push gateway
+	// in cluster mode beside single node (which runs its rounds itself).
+	pushClusterBenchtime string
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
@@ -152,8 +158,10 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// and idle phones), mailbox 3.3 (pinned HEAD and GET, one at a time
 	// and pipelined, with their floors; PUTs in 2 s rounds beside raw
 	// Pebble and the PUT floor, settling between rounds; idle watch
-	// sockets), signal 0.9, agent 1, TURN 1.5, micro and push benchmarks 6
-	// — about 13 minutes. The quick one, a smoke test of the whole
+	// sockets), signal 0.9, agent 1, TURN 1.5, micro and push benchmarks 6,
+	// the push gateway in cluster mode beside single node 0.6 (a 3-node
+	// cluster started once, 5 rounds of 4 cases of 0.7 s) — about 14
+	// minutes. The quick one, a smoke test of the whole
 	// pipeline, stays under 2 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
@@ -162,7 +170,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		signalRound: time.Second, signalPairs: 32,
 		agentRounds: 7, agentFrames: 100_000, agentLatency: time.Second, agentLatencyRounds: 3,
 		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
-		pushCount: 3, pushBenchtime: "3s"}
+		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms"}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
 		s.mailboxRound, s.mailboxPutRound = 300*time.Millisecond, 300*time.Millisecond
@@ -173,6 +181,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		s.agentRounds, s.agentFrames, s.agentLatency, s.agentLatencyRounds = 3, 50_000, 200*time.Millisecond, 1
 		s.turnRounds, s.turnRound = 2, 300*time.Millisecond
 		s.pushCount, s.pushBenchtime = 1, "500ms"
+		s.pushClusterBenchtime = "100ms"
 	}
 	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
 	fs.IntVar(&s.rounds, "rounds", s.rounds, "rounds per relay in the channel comparison; the first is dropped")
@@ -198,6 +207,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.DurationVar(&s.turnRound, "turn-round", s.turnRound, "counted time of one TURN run")
 	fs.IntVar(&s.pushCount, "push-count", s.pushCount, "go test -count for the push benchmarks")
 	fs.StringVar(&s.pushBenchtime, "push-benchtime", s.pushBenchtime, "go test -benchtime for the push benchmarks")
+	fs.StringVar(&s.pushClusterBenchtime, "push-cluster-benchtime", s.pushClusterBenchtime, "go test -benchtime of each case and round of the push gateway in cluster mode vs single node")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -348,6 +358,7 @@ func run(s settings) error {
 	rows = append(rows, pushFanoutRows(bench)...)
 	rows = append(rows, turnRows(tr)...)
 	rows = append(rows, pushgwRows(bench)...)
+	rows = append(rows, pushgwClusterRows(bench)...)
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
