@@ -311,6 +311,18 @@ func adminAddr(s *relayProc) string {
 	return ""
 }
 
+// relayPermissions are the subjects an edgerelay node publishes and
+// subscribes to: the JetStream API (streams, consumers, Direct Get), the
+// flow control of the ordered consumers behind KV watches, the KV buckets
+// (er_*; a subject wildcard matches whole tokens only, so $KV.> or one
+// entry per bucket), the mailbox streams' subjects (mbx.<shard>.>) and the
+// relay's core subjects (er.>: republished mailbox writes, watch control),
+// and the replies to its requests (_INBOX.>).
+var relayPermissions = jwt.Permissions{
+	Pub: jwt.Permission{Allow: jwt.StringList{"$JS.API.>", "$JS.FC.>", "$KV.>", "mbx.>", "er.>"}},
+	Sub: jwt.Permission{Allow: jwt.StringList{"_INBOX.>", "er.>"}},
+}
+
 // TestClusterExternalNATSWithTLSAndCreds: two nodes reach an external
 // 3-server NATS cluster over tls:// with a .creds file and share one
 // channel claim store. A node that cannot get in (the servers' CA not the
@@ -318,14 +330,18 @@ func adminAddr(s *relayProc) string {
 // not know or that has no JetStream, a user not allowed the JetStream API)
 // serves nothing and says why in its log within seconds, and keeps trying:
 // an account the servers learn later lets the waiting node in without a
-// restart.
+// restart. A credentials file that is not there is a configuration error:
+// serve exits naming it.
 func TestClusterExternalNATSWithTLSAndCreds(t *testing.T) {
 	e := startExternalNATS(t)
 	relay := e.account(t, "RELAY", true)
-	creds := e.creds(t, relay, "relay", nil)
+	// The relay's user is allowed what the README tells an operator to
+	// allow, and no more: the nodes below prove it is enough.
+	creds := e.creds(t, relay, "relay", &relayPermissions)
 	natsEnv := []string{"RELAY_NATS_URL=" + e.urls, "RELAY_NATS_CREDS=" + creds, "RELAY_NATS_TLS_CA=" + e.ca}
 
-	// The failing nodes first, so that they wait while the others start.
+	// The nodes that cannot get in (launched once the others serve, which
+	// start faster on a loaded machine without them).
 	otherCA := t.TempDir()
 	newCA(t, otherCA, "other.pem")
 	foreignOp := mustKP(t, nkeys.CreateOperator)
@@ -351,13 +367,6 @@ func TestClusterExternalNATSWithTLSAndCreds(t *testing.T) {
 		{"late", []string{"RELAY_NATS_URL=" + e.urls, "RELAY_NATS_CREDS=" + e.creds(t, late, "late", nil), "RELAY_NATS_TLS_CA=" + e.ca},
 			[]string{"not reachable yet", "authorization violation"}},
 	}
-	var waiting []*relayProc
-	var waitingOut []<-chan string
-	for _, f := range failing {
-		s := externalNode(t, f.name, f.env...)
-		waitingOut = append(waitingOut, s.launch())
-		waiting = append(waiting, s)
-	}
 
 	var nodes []*relayProc
 	var started []<-chan string
@@ -369,6 +378,13 @@ func TestClusterExternalNATSWithTLSAndCreds(t *testing.T) {
 	for i, s := range nodes {
 		s.awaitStart(started[i])
 		waitReadyz(t, s, http.StatusOK, 20*time.Second)
+	}
+	var waiting []*relayProc
+	var waitingOut []<-chan string
+	for _, f := range failing {
+		s := externalNode(t, f.name, f.env...)
+		waitingOut = append(waitingOut, s.launch())
+		waiting = append(waiting, s)
 	}
 
 	// A claim key added through node 0's admin is claimed through node 1
@@ -391,6 +407,19 @@ func TestClusterExternalNATSWithTLSAndCreds(t *testing.T) {
 	}
 	if code := claim(nodes[0]); code != http.StatusConflict {
 		t.Fatalf("second claim through node 0: %d, want 409", code)
+	}
+	for i, s := range nodes {
+		if log := strings.ToLower(s.stderr.String()); strings.Contains(log, "violation") {
+			t.Fatalf("node %d was refused something with relayPermissions:\n%s", i, s.stderr.String())
+		}
+	}
+
+	// No credentials file where configured: refused at once.
+	gone := append(append(cleanEnv(), clusterNodeEnv...), "RELAY_DATA_DIR="+t.TempDir(), "RELAY_NODE_NAME=gone",
+		"RELAY_ADMIN_LISTEN=127.0.0.1:0", "RELAY_TURN_LISTEN=", "RELAY_NATS_URL="+e.urls,
+		"RELAY_NATS_CREDS="+filepath.Join(e.dir, "absent.creds"), "RELAY_NATS_TLS_CA="+e.ca)
+	if _, stderr, code := edgerelay(t, gone, "serve"); code != 1 || !strings.Contains(stderr, "absent.creds: no such file") {
+		t.Fatalf("serve with a credentials file that is not there: exit %d, want 1 naming the file:\n%s", code, stderr)
 	}
 
 	// The failing nodes: each says why, keeps running, never serves.
