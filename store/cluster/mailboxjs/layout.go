@@ -127,13 +127,20 @@ type Head struct {
 // Run is the inclusive range [From, To] of stored sequences.
 type Run struct{ From, To uint64 }
 
-// Caps on the head's lists: they are rewritten with every write, so they
-// must stay small. A write that would pass one is answered full (507)
-// until the reader prunes: it takes a writer leaving that many holes, or
-// that many writes below the max, to get there.
+// Caps on the head's sets: they are rewritten with every write, so they
+// must stay small. Each set is written as a list or as a bitmap, whichever
+// is shorter, so writes that race or pipeline (8 writers on one direction
+// leave hundreds of holes and write most envelopes below the max) fit as
+// long as the direction does: 4,096 sequences in a span of 8,192 are at
+// most 1 KiB either way. A write that adds a run or an out-of-order entry
+// past a byte cap is answered full (507) until the reader prunes; only
+// sequences spread widely (gaps of thousands) get there. The counts bound
+// what a decoder accepts.
 const (
-	maxRuns       = 256
-	maxOutOfOrder = 256
+	maxRuns            = 4096
+	maxRunsBytes       = 1024
+	maxOutOfOrder      = 4096
+	maxOutOfOrderBytes = 1024
 )
 
 // First is the lowest stored sequence (0 when empty); Last the highest.
@@ -231,20 +238,147 @@ func encodeHead(h *Head) string {
 	b = binary.AppendUvarint(b, h.FirstStream)
 	b = binary.AppendUvarint(b, h.CumInOrder)
 	b = binary.AppendUvarint(b, h.PrunedCum)
-	b = binary.AppendUvarint(b, uint64(len(h.Stored)))
+	b = appendRuns(b, h.Stored)
+	b = appendOutOfOrder(b, h.OutOfOrder)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// Set encodings: a count and then either ascending deltas, or the first
+// sequence and a bitmap of the ones after it.
+const (
+	setList   = 0
+	setBitmap = 1
+	oooList   = setList
+	oooBitmap = setBitmap
+)
+
+// bitmapSize is the encoded size of a bitmap from first to last (huge when
+// the span is: never chosen).
+func bitmapSize(first, last uint64, lenPrefix bool) int {
+	span := last - first
+	if span/8 >= 1<<20 {
+		return 1 << 30
+	}
+	var tmp [binary.MaxVarintLen64]byte
+	n := int(span/8 + 1)
+	size := binary.PutUvarint(tmp[:], first) + n
+	if lenPrefix {
+		size += binary.PutUvarint(tmp[:], uint64(n))
+	}
+	return size
+}
+
+// runsSizes are the encoded sizes of runs as a list and as a bitmap.
+func runsSizes(runs []Run) (list, bitmap int) {
+	if len(runs) == 0 {
+		return 0, 0
+	}
+	var tmp [binary.MaxVarintLen64]byte
 	var prev uint64
-	for _, r := range h.Stored {
-		b = binary.AppendUvarint(b, r.From-prev)
-		b = binary.AppendUvarint(b, r.To-r.From)
+	for _, r := range runs {
+		list += binary.PutUvarint(tmp[:], r.From-prev) + binary.PutUvarint(tmp[:], r.To-r.From)
 		prev = r.To
 	}
-	b = binary.AppendUvarint(b, uint64(len(h.OutOfOrder)))
-	prev = 0
-	for _, s := range h.OutOfOrder {
-		b = binary.AppendUvarint(b, s-prev)
+	return list, bitmapSize(runs[0].From, runs[len(runs)-1].To, true)
+}
+
+func runsEncodedSize(runs []Run) int {
+	l, bm := runsSizes(runs)
+	return min(l, bm)
+}
+
+func appendRuns(b []byte, runs []Run) []byte {
+	b = binary.AppendUvarint(b, uint64(len(runs)))
+	if len(runs) == 0 {
+		return b
+	}
+	list, bitmap := runsSizes(runs)
+	if list <= bitmap {
+		b = append(b, setList)
+		var prev uint64
+		for _, r := range runs {
+			b = binary.AppendUvarint(b, r.From-prev)
+			b = binary.AppendUvarint(b, r.To-r.From)
+			prev = r.To
+		}
+		return b
+	}
+	first := runs[0].From
+	bm := make([]byte, (runs[len(runs)-1].To-first)/8+1)
+	for _, r := range runs {
+		for s := r.From; s <= r.To; s++ {
+			d := s - first
+			bm[d/8] |= 1 << (d % 8)
+		}
+	}
+	b = append(b, setBitmap)
+	b = binary.AppendUvarint(b, first)
+	b = binary.AppendUvarint(b, uint64(len(bm)))
+	return append(b, bm...)
+}
+
+// runsOfBitmap turns a bitmap of sequences from first into runs.
+func runsOfBitmap(first uint64, bm []byte) []Run {
+	var runs []Run
+	for i, byt := range bm {
+		for bit := range 8 {
+			if byt&(1<<bit) == 0 {
+				continue
+			}
+			s := first + uint64(i*8+bit)
+			if n := len(runs); n > 0 && runs[n-1].To+1 == s {
+				runs[n-1].To = s
+			} else {
+				runs = append(runs, Run{s, s})
+			}
+		}
+	}
+	return runs
+}
+
+// oooSizes are the encoded sizes of set as a delta list and as a bitmap.
+func oooSizes(set []uint64) (list, bitmap int) {
+	if len(set) == 0 {
+		return 0, 0
+	}
+	var prev uint64
+	var tmp [binary.MaxVarintLen64]byte
+	for _, s := range set {
+		list += binary.PutUvarint(tmp[:], s-prev)
 		prev = s
 	}
-	return base64.RawURLEncoding.EncodeToString(b)
+	return list, bitmapSize(set[0], set[len(set)-1], false)
+}
+
+// oooEncodedSize is the shorter of the two.
+func oooEncodedSize(set []uint64) int {
+	l, bm := oooSizes(set)
+	return min(l, bm)
+}
+
+func appendOutOfOrder(b []byte, set []uint64) []byte {
+	b = binary.AppendUvarint(b, uint64(len(set)))
+	if len(set) == 0 {
+		return b
+	}
+	list, bitmap := oooSizes(set)
+	if list <= bitmap {
+		b = append(b, oooList)
+		var prev uint64
+		for _, s := range set {
+			b = binary.AppendUvarint(b, s-prev)
+			prev = s
+		}
+		return b
+	}
+	b = append(b, oooBitmap)
+	b = binary.AppendUvarint(b, set[0])
+	bm := make([]byte, (set[len(set)-1]-set[0])/8+1)
+	for _, s := range set {
+		d := s - set[0]
+		bm[d/8] |= 1 << (d % 8)
+	}
+	return append(b, bm...)
 }
 
 var errBadHead = errors.New("mailboxjs: malformed head")
@@ -280,24 +414,74 @@ func decodeHead(s string, rev uint64) (Head, error) {
 	h.FirstStream = u()
 	h.CumInOrder, h.PrunedCum = u(), u()
 	nr := u()
-	if nr > maxRuns+1 {
+	if nr > maxRuns+1 || bad {
 		return Head{}, errBadHead
 	}
 	var prev uint64
-	for range nr {
-		from := prev + u()
-		to := from + u()
-		h.Stored = append(h.Stored, Run{from, to})
-		prev = to
+	if nr > 0 {
+		if len(b) == 0 {
+			return Head{}, errBadHead
+		}
+		mode := b[0]
+		b = b[1:]
+		switch mode {
+		case setList:
+			for range nr {
+				from := prev + u()
+				to := from + u()
+				h.Stored = append(h.Stored, Run{from, to})
+				prev = to
+			}
+		case setBitmap:
+			first, n := u(), int(u())
+			if bad || n > len(b) || n > maxRunsBytes+1 {
+				return Head{}, errBadHead
+			}
+			h.Stored = runsOfBitmap(first, b[:n])
+			b = b[n:]
+			if uint64(len(h.Stored)) != nr {
+				return Head{}, errBadHead
+			}
+		default:
+			return Head{}, errBadHead
+		}
 	}
 	no := u()
-	if no > maxOutOfOrder+1 {
+	if no > maxOutOfOrder+1 || bad {
 		return Head{}, errBadHead
 	}
-	prev = 0
-	for range no {
-		prev += u()
-		h.OutOfOrder = append(h.OutOfOrder, prev)
+	if no > 0 {
+		if len(b) == 0 {
+			return Head{}, errBadHead
+		}
+		mode := b[0]
+		b = b[1:]
+		switch mode {
+		case oooList:
+			prev = 0
+			for range no {
+				prev += u()
+				h.OutOfOrder = append(h.OutOfOrder, prev)
+			}
+		case oooBitmap:
+			first := u()
+			if bad || len(b) > maxOutOfOrderBytes+1 {
+				return Head{}, errBadHead
+			}
+			for i, byt := range b {
+				for bit := range 8 {
+					if byt&(1<<bit) != 0 {
+						h.OutOfOrder = append(h.OutOfOrder, first+uint64(i*8+bit))
+					}
+				}
+			}
+			b = nil
+			if uint64(len(h.OutOfOrder)) != no {
+				return Head{}, errBadHead
+			}
+		default:
+			return Head{}, errBadHead
+		}
 	}
 	if bad || len(b) != 0 {
 		return Head{}, errBadHead

@@ -68,34 +68,114 @@ func TestHeadRuns(t *testing.T) {
 func TestHeadCapsAtTheEdge(t *testing.T) {
 	s := &Store{}
 	lim := Limits{MaxStored: 1 << 20, MaxStoredBytes: 1 << 30}
+	// Holes every other sequence are a bitmap: 4,000 runs fit in 1 KiB.
 	var h Head
-	// maxRuns runs: 2, 4, 6, ... (holes between them).
-	for i := uint64(1); i <= maxRuns; i++ {
+	for i := uint64(1); i <= 4000; i++ {
 		h.add(2*i, 1)
 	}
-	if len(h.Stored) != maxRuns {
-		t.Fatalf("%d runs", len(h.Stored))
+	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, 8002, []byte("x"), lim, 0); next == nil || r.Outcome != Created {
+		t.Fatalf("4,001st run of a dense set: %+v (%d bytes)", r, runsEncodedSize(h.Stored))
 	}
-	// Filling a hole joins two runs: allowed at the cap.
-	if r, next, err := s.decide(context.Background(), names{}, 'p', h, 3, []byte("x"), lim, 0); err != nil || next == nil || r.Outcome != Created {
-		t.Fatalf("joining at the cap: %+v %v", r, err)
-	}
-	// A new run past the cap is refused.
-	if r, next, err := s.decide(context.Background(), names{}, 'p', h, 2*maxRuns+2, []byte("x"), lim, 0); err != nil || next != nil || r.Outcome != Full {
-		t.Fatalf("one run past the cap: %+v %v", r, err)
-	}
-	// Out of order: maxOutOfOrder below the max are allowed, one more is full.
+	// Runs spread wide are a list of 4 bytes each (a 3-byte gap, a 1-byte
+	// length): 256 fit in 1,024 bytes, a 257th does not.
+	const gap = 1 << 15
 	h = Head{}
-	h.add(10_000, 1)
-	for i := uint64(1); i < maxOutOfOrder; i++ {
-		h.add(10_000-i, 1)
+	for i := uint64(1); i <= 255; i++ {
+		h.add(i*gap, 1)
 	}
-	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, 1, []byte("x"), lim, 0); next == nil || r.Outcome != Created {
+	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, 256*gap, []byte("x"), lim, 0); next == nil || r.Outcome != Created {
+		t.Fatalf("256th run: %+v (%d bytes)", r, runsEncodedSize(h.Stored))
+	}
+	h.add(256*gap, 1)
+	if got := runsEncodedSize(h.Stored); got != maxRunsBytes {
+		t.Fatalf("%d bytes, want the cap", got)
+	}
+	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, 257*gap, []byte("x"), lim, 0); next != nil || r.Outcome != Full {
+		t.Fatalf("257th run: %+v", r)
+	}
+	// Filling a hole or growing a run is allowed at the cap: it adds no run.
+	for _, seq := range []uint64{2*gap - 1, 256*gap + 1} {
+		if r, next, _ := s.decide(context.Background(), names{}, 'p', h, seq, []byte("x"), lim, 0); next == nil || r.Outcome != Created {
+			t.Fatalf("growing a run at the cap (seq %d): %+v", seq, r)
+		}
+	}
+	// Out of order, dense (a bitmap): maxOutOfOrder below the max are
+	// allowed, one more is full.
+	h = Head{}
+	h.add(100_000, 1)
+	for i := uint64(1); i < maxOutOfOrder; i++ {
+		h.add(100_000-i, 1)
+	}
+	last := uint64(100_000 - maxOutOfOrder)
+	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, last, []byte("x"), lim, 0); next == nil || r.Outcome != Created {
 		t.Fatalf("last out-of-order entry: %+v", r)
 	}
-	h.add(1, 1)
-	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, 2, []byte("x"), lim, 0); next != nil || r.Outcome != Full {
+	h.add(last, 1)
+	if r, next, _ := s.decide(context.Background(), names{}, 'p', h, last-1, []byte("x"), lim, 0); next != nil || r.Outcome != Full {
 		t.Fatalf("one past the out-of-order cap: %+v", r)
+	}
+	// Out of order in clusters spread wide (a list: a 3-byte delta per
+	// cluster, 1 byte per neighbour): the byte cap, below the runs cap.
+	h = Head{}
+	h.add(1<<40, 1)
+	next := uint64(gap)
+	for oooEncodedSize(h.OutOfOrder)+12 <= maxOutOfOrderBytes {
+		for j := range uint64(10) {
+			h.add(next+j, 1)
+		}
+		next += gap
+	}
+	next = h.OutOfOrder[len(h.OutOfOrder)-1] + 1
+	for oooEncodedSize(h.OutOfOrder) < maxOutOfOrderBytes-1 {
+		h.add(next, 1)
+		next++
+	}
+	if len(h.Stored) > maxRuns {
+		t.Fatalf("%d runs", len(h.Stored))
+	}
+	if r, n, _ := s.decide(context.Background(), names{}, 'p', h, next, []byte("x"), lim, 0); n == nil || r.Outcome != Created {
+		t.Fatalf("at the byte cap: %+v", r)
+	}
+	h.add(next, 1)
+	if got := oooEncodedSize(h.OutOfOrder); got != maxOutOfOrderBytes {
+		t.Fatalf("%d bytes, want the cap", got)
+	}
+	if r, n, _ := s.decide(context.Background(), names{}, 'p', h, next+1, []byte("x"), lim, 0); n != nil || r.Outcome != Full {
+		t.Fatalf("one byte past the cap: %+v", r)
+	}
+}
+
+// The out-of-order set round-trips as a list and as a bitmap.
+func TestOutOfOrderEncodings(t *testing.T) {
+	dense := []uint64{}
+	for i := uint64(10); i < 4000; i += 3 {
+		dense = append(dense, i)
+	}
+	for _, set := range [][]uint64{nil, {7}, {1, 2, 3, 1 << 50}, dense} {
+		h := Head{Max: 1 << 51, OutOfOrder: set, Stored: []Run{{1, 1 << 51}}}
+		got, err := decodeHead(encodeHead(&h), 1)
+		if err != nil {
+			t.Fatalf("%d entries: %v", len(set), err)
+		}
+		if !slices.Equal(got.OutOfOrder, set) {
+			t.Fatalf("%d entries came back as %d", len(set), len(got.OutOfOrder))
+		}
+	}
+	// The stored set, as runs, round-trips both ways too.
+	for _, runs := range [][]Run{{{1, 1}}, {{5, 9}, {1 << 40, 1 << 40}}, func() (r []Run) {
+		for i := uint64(1); i < 2000; i += 2 {
+			r = append(r, Run{i, i})
+		}
+		return r
+	}()} {
+		h := Head{Max: 1 << 41, Stored: runs}
+		got, err := decodeHead(encodeHead(&h), 1)
+		if err != nil || !slices.Equal(got.Stored, runs) {
+			t.Fatalf("%d runs: %v (%d back)", len(runs), err, len(got.Stored))
+		}
+	}
+	if l, bm := oooSizes(dense); bm >= l {
+		t.Fatalf("dense set: list %d bytes, bitmap %d", l, bm)
 	}
 }
 

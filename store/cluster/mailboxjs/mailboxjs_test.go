@@ -210,7 +210,7 @@ func testPutOnNode0WatchOnNode2(t *testing.T, st []*Store) {
 func testRacingWritersOneDirection(t *testing.T, st []*Store) {
 	name := "app/racing0000000000001"
 	claim(t, st[0], name)
-	const writers, each = 8, 12
+	const writers, each = 8, 32
 	before := newRecorder()
 	watch(t, st[2], name, 'c', 0, before)
 	var all []uint64
