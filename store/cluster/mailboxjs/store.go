@@ -57,7 +57,7 @@ func Open(ctx context.Context, c *cluster.Cluster, cfg Config) (*Store, error) {
 	}
 	s := &Store{c: c, nc: c.Conn(), js: c.JetStream(), shards: cfg.Shards, heads: make(map[string]Head), capN: cfg.HeadCache}
 	for k := range cfg.Shards {
-		sc := StreamConfig(k, c.Replicas(), cfg.MaxBytes)
+		sc := streamConfig(k, c.Replicas(), cfg.MaxBytes)
 		var st jetstream.Stream
 		var err error
 		for {
@@ -80,9 +80,8 @@ func Open(ctx context.Context, c *cluster.Cluster, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// StreamConfig is shard k's stream (exported for the benchmark's floor,
-// which publishes to an identical stream).
-func StreamConfig(k, replicas int, maxBytes int64) jetstream.StreamConfig {
+// streamConfig is shard k's stream.
+func streamConfig(k, replicas int, maxBytes int64) jetstream.StreamConfig {
 	if maxBytes <= 0 {
 		maxBytes = -1
 	}
