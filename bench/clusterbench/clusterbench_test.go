@@ -40,11 +40,20 @@ type bench struct {
 	nodes  *clustertest.Nodes
 	stores []*mailboxjs.Store
 	runs   atomic.Int64 // makes every sub-benchmark run's mailboxes new
+	filled bool         // the reads' direction is written (fillForReads)
 }
 
 // BenchmarkCluster runs every figure on one cluster: our PUT beside raw
 // publishes for 1 and 64 writers, the ADR-50 batch model of the same PUT,
-// and watch delivery latency across nodes.
+// watch delivery latency across nodes beside raw JetStream's RePublish of
+// the same bytes, then the reads.
+//
+// A -bench pattern picks cases and rounds: a repeated case is named with
+// go test's "#NN" suffix, one per round after the first, so
+// `-bench '^BenchmarkCluster$/^(raw|put|watch)$/^(writers=\d+|ours|raw)(#0[1])?$'`
+// runs two rounds of PUT, raw and watch and skips the batch model and the
+// reads (whose fill is then never written). make bench does that
+// (bench/cmd/benchreport/mailboxcluster.go).
 func BenchmarkCluster(b *testing.B) {
 	nodes := clustertest.Start(b, 3)
 	bc := &bench{nodes: nodes}
@@ -63,12 +72,13 @@ func BenchmarkCluster(b *testing.B) {
 			b.Run(fmt.Sprintf("put/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.put) })
 			b.Run(fmt.Sprintf("batch-model/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.batchModel) })
 		}
-		b.Run("watch-latency", bc.watchLatency)
+		b.Run("watch/ours", bc.watchLatency)
+		b.Run("watch/raw", bc.watchRaw)
 	}
 	// Reads, once: GET by seq (binary search over the direction) and a
 	// fetch of 100 (a Direct Get batch), on a direction of 1,000
-	// envelopes written between 8 other writers' envelopes.
-	bc.fillForReads(b)
+	// envelopes written between 8 other writers' envelopes (written by
+	// the first of them that runs).
 	b.Run("get-by-seq", bc.getBySeq)
 	b.Run("fetch-100", bc.fetch100)
 }
@@ -100,15 +110,28 @@ type op func(ctx context.Context, w *writer) error
 func (bc *bench) run(b *testing.B, writers int, do op) {
 	run := bc.runs.Add(1)
 	ws := make([]*writer, writers)
+	// The claims and first writes (not timed) place the mailboxes, all
+	// writers at once: one after the other they would take longer than a
+	// short -benchtime's measured part (each of b.N's ramp-up runs places
+	// its own).
+	var setup sync.WaitGroup
 	for i := range ws {
-		ws[i] = &writer{node: i % 3, name: fmt.Sprintf("bench/r%dw%d-mailbox00000000", run, i)}
-		// The claim and first write (not timed) place the mailbox.
-		bc.claim(b, ws[i].node, ws[i].name)
-		if _, err := bc.stores[ws[i].node].Put(context.Background(), ws[i].name, 'p', 1, envelope(1), unlimited, time.Now().UnixNano()); err != nil {
-			b.Fatal(err)
-		}
-		ws[i].seq = 1
+		ws[i] = &writer{node: i % 3, name: fmt.Sprintf("bench/r%dw%d-mailbox00000000", run, i), seq: 1}
 		ws[i].shard = shardOf(b, bc.stores[0], ws[i].name)
+		setup.Go(func() {
+			w := ws[i]
+			if _, err := bc.stores[w.node].Claim(context.Background(), w.name, store.Hash{1}, time.Now().UnixNano(), time.Hour, 720*time.Hour); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := bc.stores[w.node].Put(context.Background(), w.name, 'p', 1, envelope(1), unlimited, time.Now().UnixNano()); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	setup.Wait()
+	if b.Failed() {
+		return
 	}
 	lat := make([][]time.Duration, writers)
 	per := (b.N + writers - 1) / writers
@@ -286,12 +309,83 @@ func (bc *bench) watchLatency(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
 
+// watchRaw is watchLatency's floor: a raw publish of the same bytes
+// through node 0 to the same shard stream (as raw does), received on node
+// 2 from the stream's RePublish by a plain subscription: what JetStream
+// itself takes from a write to its delivery on another node, without the
+// mailbox's compare-and-set, head header or Watch's ordering.
+func (bc *bench) watchRaw(b *testing.B) {
+	name := fmt.Sprintf("bench/rawwatch%d-mailbox000000", bc.runs.Add(1))
+	app, id, _ := cutName(name)
+	subject := fmt.Sprintf("mbx.%d.%s.%s.raw.e", shardOf(b, bc.stores[0], name), app, id)
+	var mu sync.Mutex
+	var t0 time.Time
+	got := make(chan time.Duration, 1)
+	nc := bc.nodes.Node(2).Conn()
+	sub, err := nc.Subscribe(fmt.Sprintf("er.w.%s.%s.raw.>", app, id), func(*nats.Msg) {
+		mu.Lock()
+		d := time.Since(t0)
+		mu.Unlock()
+		select {
+		case got <- d:
+		default: // a warm-up publish's late copy
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	js := bc.nodes.Node(0).JetStream()
+	// The subscription's interest reaches the stream leader's server over
+	// the routes after the flush: publish until one arrives, untimed.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := js.Publish(context.Background(), subject, envelope(0)); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-got:
+		case <-time.After(50 * time.Millisecond):
+			if time.Now().After(deadline) {
+				b.Fatal("no republished message on node 2 in 10 s")
+			}
+			continue
+		}
+		break
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		mu.Lock()
+		t0 = time.Now()
+		mu.Unlock()
+		if _, err := js.Publish(context.Background(), subject, envelope(uint64(i+1))); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case d := <-got:
+			lat = append(lat, d)
+		case <-time.After(10 * time.Second):
+			b.Fatalf("message %d not republished to node 2", i+1)
+		}
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
 const readName, readEnvelopes = "bench/reads-mailbox00000000", 1000
 
 // fillForReads writes readEnvelopes to one direction while 8 writers
 // write their own directions on the same nodes, so that the direction's
 // envelopes are spread over its shard stream as on a busy node.
 func (bc *bench) fillForReads(b *testing.B) {
+	if bc.filled {
+		return
+	}
+	bc.filled = true
 	bc.claim(b, 0, readName)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -322,6 +416,7 @@ func (bc *bench) fillForReads(b *testing.B) {
 }
 
 func (bc *bench) getBySeq(b *testing.B) {
+	bc.fillForReads(b)
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -339,6 +434,7 @@ func (bc *bench) getBySeq(b *testing.B) {
 }
 
 func (bc *bench) fetch100(b *testing.B) {
+	bc.fillForReads(b)
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -106,6 +106,7 @@ func benchRuns(s settings) []benchRun {
 		{pushFanoutBench, []string{pushFanoutPackage}, s.pushCount, s.pushBenchtime},
 		{pushgwBench, []string{pushgwPackage}, s.pushCount, s.pushBenchtime},
 		{pushgwClusterBench, []string{pushgwPackage}, 1, s.pushClusterBenchtime},
+		{mailboxClusterPattern(s.quick), []string{mailboxClusterPackage}, 1, s.mailboxClusterBenchtime},
 	}
 }
 
@@ -149,6 +150,9 @@ type settings struct {
 	// pushClusterBenchtime is -benchtime of each case of the push gateway
 	// in cluster mode beside single node (which runs its rounds itself).
 	pushClusterBenchtime string
+	// mailboxClusterBenchtime is -benchtime of each case and round of the
+	// mailbox's cluster backend beside raw JetStream.
+	mailboxClusterBenchtime string
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
@@ -160,8 +164,9 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// Pebble and the PUT floor, settling between rounds; idle watch
 	// sockets), signal 0.9, agent 1, TURN 1.5, micro and push benchmarks 6,
 	// the push gateway in cluster mode beside single node 0.6 (a 3-node
-	// cluster started once, 5 rounds of 4 cases of 0.7 s) — about 14
-	// minutes. The quick one, a smoke test of the whole
+	// cluster started once, 5 rounds of 4 cases of 0.7 s), the mailbox's
+	// cluster backend beside raw JetStream 0.5 (3 rounds of 6 cases of
+	// 0.4 s) — about 14 1/2 minutes. The quick one, a smoke test of the whole
 	// pipeline, stays under 2 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
@@ -170,7 +175,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		signalRound: time.Second, signalPairs: 32,
 		agentRounds: 7, agentFrames: 100_000, agentLatency: time.Second, agentLatencyRounds: 3,
 		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
-		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms"}
+		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms", mailboxClusterBenchtime: "400ms"}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
 		s.mailboxRound, s.mailboxPutRound = 300*time.Millisecond, 300*time.Millisecond
@@ -181,7 +186,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		s.agentRounds, s.agentFrames, s.agentLatency, s.agentLatencyRounds = 3, 50_000, 200*time.Millisecond, 1
 		s.turnRounds, s.turnRound = 2, 300*time.Millisecond
 		s.pushCount, s.pushBenchtime = 1, "500ms"
-		s.pushClusterBenchtime = "100ms"
+		s.pushClusterBenchtime, s.mailboxClusterBenchtime = "100ms", "100ms"
 	}
 	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
 	fs.IntVar(&s.rounds, "rounds", s.rounds, "rounds per relay in the channel comparison; the first is dropped")
@@ -208,6 +213,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.IntVar(&s.pushCount, "push-count", s.pushCount, "go test -count for the push benchmarks")
 	fs.StringVar(&s.pushBenchtime, "push-benchtime", s.pushBenchtime, "go test -benchtime for the push benchmarks")
 	fs.StringVar(&s.pushClusterBenchtime, "push-cluster-benchtime", s.pushClusterBenchtime, "go test -benchtime of each case and round of the push gateway in cluster mode vs single node")
+	fs.StringVar(&s.mailboxClusterBenchtime, "mailbox-cluster-benchtime", s.mailboxClusterBenchtime, "go test -benchtime of each case and round of the mailbox's cluster backend vs raw JetStream (3 rounds, QUICK 1)")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -359,6 +365,7 @@ func run(s settings) error {
 	rows = append(rows, turnRows(tr)...)
 	rows = append(rows, pushgwRows(bench)...)
 	rows = append(rows, pushgwClusterRows(bench)...)
+	rows = append(rows, mailboxClusterRows(bench)...)
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
