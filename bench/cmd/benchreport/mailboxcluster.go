@@ -71,13 +71,12 @@ func mailboxClusterCases(bench benchResults) map[string]*clusterCase {
 // and the watch delivery latency beside raw JetStream's RePublish.
 func mailboxClusterRows(bench benchResults) []row {
 	const setting = "3-node embedded NATS cluster on loopback in this process (R3, sync always, 12 shard streams), 256 B envelopes; " +
-		"the store's Put (store/cluster/mailboxjs), not the HTTP path: the mailbox handler is not wired to it yet. " +
-		"Single-node Pebble's PUT is the mailbox PUT rows above"
+		"the store's Put (store/cluster/mailboxjs), not the HTTP path: the mailbox handler is not wired to it yet"
 	cases := mailboxClusterCases(bench)
 	var rows []row
 	for _, writers := range []string{"1", "64"} {
 		put, raw := cases["put/writers="+writers], cases["raw/writers="+writers]
-		figure := fmt.Sprintf("mailbox PUT in cluster mode, %s concurrent writer%s, each on its own direction, spread over the three nodes (%s): "+
+		figure := fmt.Sprintf("mailbox PUT in cluster mode, %s concurrent writer%s, each on its own direction, spread over the three nodes (%s; single-node Pebble's PUT is the mailbox PUT rows above): "+
 			"writes per wall second, mailboxjs Put vs a raw JetStream publish of the same bytes to the same shard stream, waiting for its ack", writers, plural(writers), setting)
 		if put == nil || raw == nil || len(put.rate) == 0 || len(raw.rate) == 0 {
 			rows = append(rows, row{Figure: figure, Ours: "missing", Baseline: "missing", Ratio: "—",
