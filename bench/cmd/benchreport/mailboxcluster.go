@@ -86,7 +86,7 @@ func mailboxClusterRows(bench benchResults) []row {
 		ratios := abtest.RoundRatios(put.rate, raw.rate)
 		median := abtest.Median(ratios)
 		rows = append(rows, row{
-			Figure:   fmt.Sprintf("%s; median of %d rounds alternated (p50 / p99 per write; allocs per write, whole process)", figure, len(ratios)),
+			Figure:   fmt.Sprintf("%s; median of %d round%s alternated (p50 / p99 per write; allocs per write, whole process)", figure, len(ratios), plural(fmt.Sprint(len(ratios)))),
 			Ours:     clusterRateCell(put),
 			Baseline: clusterRateCell(raw),
 			Ratio: fmt.Sprintf("%.0f%% = %s", 100*median,
@@ -104,7 +104,7 @@ func mailboxClusterRows(bench benchResults) []row {
 	// Times: the ratio is baseline ÷ ours (below 1: ours is slower).
 	ratios := abtest.RoundRatios(raw.p50, ours.p50)
 	return append(rows, row{
-		Figure:   fmt.Sprintf("%s; median of %d rounds alternated (allocs per delivery, whole process); ratio of the p50s", figure, len(ratios)),
+		Figure:   fmt.Sprintf("%s; median of %d round%s alternated (allocs per delivery, whole process); ratio of the p50s", figure, len(ratios), plural(fmt.Sprint(len(ratios)))),
 		Ours:     clusterLatencyCell(ours),
 		Baseline: clusterLatencyCell(raw),
 		Ratio:    benchfmt.RoundRatio(abtest.Median(ratios), ratios, abtest.Median(raw.p50)/abtest.Median(ours.p50)),
