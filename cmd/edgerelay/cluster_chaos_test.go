@@ -5,15 +5,37 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"edgerelay/fastpath/admin"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// addChannelKeys mints n claim keys (hosts prefix0..prefix<n-1>) through
+// the admin listeners of the nodes in turn, as `keys channel add` does but
+// without a process per key (the command line itself is tested elsewhere).
+func addChannelKeys(t *testing.T, c *relayCluster, prefix string, n int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		node := c.nodes[i%len(c.nodes)]
+		var resp admin.AddKeyResponse
+		err := admin.Call(node.addrs["admin"], filepath.Join(node.dataDir, adminTokenFile), http.MethodPost, "/v1/keys/channel",
+			admin.AddKeyRequest{Host: fmt.Sprintf("%s%d", prefix, i)}, http.StatusCreated, &resp)
+		if err != nil {
+			t.Fatalf("add claim key %d: %v", i, err)
+		}
+		keys[i] = resp.Key
+	}
+	return keys
+}
 
 // claimThrough sends one channel claim through the balancer, retrying
 // what a client retries (503, a connection cut by a dying node) until the
@@ -68,10 +90,7 @@ func TestSIGKILLClusterNodesDuringRacingClaims(t *testing.T) {
 	c := startRelayCluster(t, 3, []string{"channel"})
 	lb := startHAProxy(t, c, "channel")
 	nKeys := 24 * soakScale(t)
-	keys := make([]string, nKeys)
-	for i := range keys {
-		keys[i] = lastLine(cliOK(t, c.nodeEnv(i%3), "keys", "channel", "add", "--host", fmt.Sprintf("box%d", i)))
-	}
+	keys := addChannelKeys(t, c, "box", nKeys)
 
 	type racer struct {
 		owner, phone string
@@ -79,7 +98,7 @@ func TestSIGKILLClusterNodesDuringRacingClaims(t *testing.T) {
 	}
 	races := make([][2]racer, nKeys)
 	var wg sync.WaitGroup
-	stop := time.Now().Add(time.Duration(8*soakScale(t)) * time.Second)
+	stop := time.Now().Add(time.Duration(12*soakScale(t)) * time.Second)
 	next := make(chan int)
 	for range 8 {
 		wg.Go(func() {
@@ -98,7 +117,7 @@ func TestSIGKILLClusterNodesDuringRacingClaims(t *testing.T) {
 	go func() {
 		for i := range keys {
 			next <- i
-			time.Sleep(time.Duration(8*soakScale(t)) * time.Second / time.Duration(nKeys))
+			time.Sleep(time.Duration(12*soakScale(t)) * time.Second / time.Duration(nKeys))
 		}
 		close(next)
 	}()
@@ -186,10 +205,7 @@ func TestSIGKILLClusterStreamLeaderDuringClaims(t *testing.T) {
 	c := startRelayCluster(t, 3, []string{"channel"})
 	lb := startHAProxy(t, c, "channel")
 	const nKeys = 120
-	keys := make([]string, nKeys)
-	for i := range keys {
-		keys[i] = lastLine(cliOK(t, c.nodeEnv(i%3), "keys", "channel", "add", "--host", fmt.Sprintf("box%d", i)))
-	}
+	keys := addChannelKeys(t, c, "box", nKeys)
 	type outcome struct {
 		at     time.Time
 		status int
