@@ -21,7 +21,7 @@
 # and per figure: ours, baseline, ratio with its spread, goal). Load
 # comparisons alternate the two sides round by round (ABBA), drop the
 # first round and report medians with the lowest and highest round.
-# about 14 1/2 minutes on 2 cores (15 at most); flags pass through
+# about 15 minutes on 2 cores; flags pass through
 # (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
 # smoke run (under 2 minutes, figures indicative only).
 set -euo pipefail
