@@ -310,3 +310,71 @@ func TestSIGKILLClusterStreamLeaderDuringClaims(t *testing.T) {
 		}
 	}
 }
+
+// TestSIGKILLClusterQuorumLostAnswers503: with two of three nodes killed,
+// the survivor refuses every write 503 with Retry-After, answers a read
+// while it can (a stream leader keeps serving its reads until it steps
+// down, about ten seconds later) and 503 after, never a 403 or 404 that
+// would make a client throw away a good token or key, and serves again by
+// itself once a node returns. Credential lookups are leader reads: once
+// no leader is left they are refused rather than answered from a replica
+// that may not know of a revocation.
+func TestSIGKILLClusterQuorumLostAnswers503(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"channel"})
+	keys := addChannelKeys(t, c, "q", 2)
+	survivor := "http://" + c.nodes[0].addrs["channel"]
+	status, owner, _ := claim(t, survivor, keys[0])
+	if status != http.StatusOK {
+		t.Fatalf("claim before the loss: %d", status)
+	}
+	c.nodes[1].kill()
+	c.nodes[2].kill()
+	waitReadyz(t, c.nodes[0], http.StatusServiceUnavailable, 20*time.Second)
+
+	statusReq := func() (int, string) {
+		req, _ := http.NewRequest("GET", survivor+"/status", nil)
+		req.Header.Set("Authorization", "Bearer "+owner)
+		resp, err := freshClient(nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After")
+	}
+	// Reads: served while the leader lasts, then 503, never a refusal.
+	lost := time.Now()
+	for refused := false; !refused; {
+		switch st, retry := statusReq(); {
+		case st == http.StatusOK:
+		case st == http.StatusServiceUnavailable && retry != "":
+			refused = true
+			t.Logf("reads served for %s after the quorum was lost, then 503", time.Since(lost).Round(100*time.Millisecond))
+		default:
+			t.Fatalf("status with a good owner token without quorum: %d (Retry-After %q), want 200 or 503 with Retry-After", st, retry)
+		}
+		if time.Since(lost) > 40*time.Second {
+			t.Fatal("the lone leader kept serving reads for 40 s without a quorum")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	body := fmt.Sprintf(`{"ownerToken":%q,"phoneToken":%q}`, randHex(t), randHex(t))
+	req, _ := http.NewRequest("POST", survivor+"/claim", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+keys[1])
+	resp, err := freshClient(nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("claim without quorum: %d (Retry-After %q), want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	c.nodes[1].start()
+	waitReadyz(t, c.nodes[0], http.StatusOK, 60*time.Second)
+	if st, _ := statusReq(); st != http.StatusOK {
+		t.Fatalf("status after a node returned: %d", st)
+	}
+	if st, _, _ := claim(t, survivor, keys[1]); st != http.StatusOK {
+		t.Fatalf("the refused claim, retried after the quorum returned: %d", st)
+	}
+}
