@@ -1,0 +1,734 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"edgerelay/store"
+)
+
+// Mailboxes is what the mailbox handler asks of its store once the
+// decisions move there (docs/cluster-mailbox.md, "Plan", steps 1 and 7):
+// the claim outcome, the PUT outcome, prune, erase, scan, state and the
+// push registration. It is shaped after store/cluster/mailboxjs, which has
+// it (through a thin adapter for the types below); the Pebble side does
+// not yet. The types here are meant to move into package store with the
+// interface. Watch is not part of it yet: Pebble's watch is the handler's
+// own replay and live path, so its shape is settled when that moves.
+//
+// name is "<app>/<id>", dir is store.DirP2C or store.DirC2P, now is unix
+// nanoseconds. Every failure that is not an answer (timeout, no quorum)
+// is store.ErrUnavailable.
+type Mailboxes interface {
+	// Mailbox reads the claim record; store.ErrNotFound when none.
+	Mailbox(ctx context.Context, name string) (store.MailboxRecord, error)
+	// Claim creates the mailbox for token (or takes over one idle for
+	// longer than idle), or answers whether token holds it; a holder's
+	// claim moves LastActive once touchEvery has passed since the stored
+	// value.
+	Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, error)
+	// Touch moves LastActive forward to now (never back, never creates).
+	Touch(ctx context.Context, name string, now int64) error
+	// Put decides and stores one envelope (env's bytes 1..8 are seq).
+	Put(ctx context.Context, name string, dir byte, seq uint64, env []byte, lim MailboxLimits, now int64) (PutResult, error)
+	// Envelope returns one stored envelope's bytes and whether it exists.
+	Envelope(ctx context.Context, name string, dir byte, seq uint64) ([]byte, bool, error)
+	// Scan calls fn for every stored envelope above after, ascending,
+	// until fn returns false; env is fn's to keep. maxBytes (0: the
+	// backend's default) bounds one read from the backend, not the scan.
+	Scan(ctx context.Context, name string, dir byte, after uint64, maxBytes int, fn func(seq uint64, env []byte) bool) error
+	// State is the direction's head (HEAD …/<dir>).
+	State(ctx context.Context, name string, dir byte) (MailboxHead, error)
+	// Prune deletes every envelope at or below through and raises the
+	// pruned mark to through (never lowers it).
+	Prune(ctx context.Context, name string, dir byte, through uint64) error
+	// Erase removes the mailbox: claim, envelopes, marks, registrations.
+	Erase(ctx context.Context, name string) error
+	// PushRegistration reads the sealed registration; store.ErrNotFound
+	// when none.
+	PushRegistration(ctx context.Context, name string, dir byte) ([]byte, error)
+	SetPushRegistration(ctx context.Context, name string, dir byte, sealed []byte) error
+	DeletePushRegistration(ctx context.Context, name string, dir byte) error
+}
+
+// ClaimOutcome is the answer to a claim.
+type ClaimOutcome int
+
+const (
+	ClaimCreated ClaimOutcome = iota + 1 // 201
+	ClaimSame                            // 204
+	ClaimTaken                           // 409 taken
+)
+
+// PutOutcome is what a Put decided.
+type PutOutcome int
+
+const (
+	PutCreated     PutOutcome = iota + 1 // 201
+	PutRetry                             // 200: the same bytes were stored before
+	PutConflict                          // 409: other bytes were stored before
+	PutPruned                            // 409: at or below the pruned mark
+	PutFull                              // 507
+	PutRateLimited                       // 429
+	PutNoMailbox                         // 404: no claim (never, or erased meanwhile)
+)
+
+func (o PutOutcome) String() string {
+	names := [...]string{"?", "Created", "Retry", "Conflict", "Pruned", "Full", "RateLimited", "NoMailbox"}
+	if o < 0 || int(o) >= len(names) {
+		return fmt.Sprintf("PutOutcome(%d)", int(o))
+	}
+	return names[o]
+}
+
+// MailboxLimits are the per-direction bounds a Put is decided against.
+// Zero bursts mean no bucket (Pebble keeps its buckets in the handler).
+type MailboxLimits struct {
+	MaxStored, MaxStoredBytes int
+	EnvelopeBurst             int
+	EnvelopeEvery             time.Duration
+	PushBurst                 int
+	PushEvery                 time.Duration
+	Notify                    bool
+}
+
+// PutResult is a Put's answer.
+type PutResult struct {
+	Outcome    PutOutcome
+	RetryAfter time.Duration // RateLimited: when a token is back
+	Push       bool          // Created with Notify and a push token taken
+	Rev        uint64        // Created: the head's revision after the write
+}
+
+// MailboxHead is one direction's state. Rev identifies it: every change
+// (write, prune) moves it, so a node's cached head is current exactly
+// when its Rev equals the store's.
+type MailboxHead struct {
+	Rev          uint64
+	Max          uint64 // highest sequence stored since the last erase
+	Count, Bytes int
+	Pruned       uint64
+	Stored       []SeqRun // sorted, disjoint, inclusive
+}
+
+// SeqRun is the inclusive range [From, To] of stored sequences.
+type SeqRun struct{ From, To uint64 }
+
+// First is the lowest stored sequence (0: none); Last the highest.
+func (h MailboxHead) First() uint64 {
+	if len(h.Stored) == 0 {
+		return 0
+	}
+	return h.Stored[0].From
+}
+
+func (h MailboxHead) Last() uint64 {
+	if len(h.Stored) == 0 {
+		return 0
+	}
+	return h.Stored[len(h.Stored)-1].To
+}
+
+// Has reports whether seq is stored.
+func (h MailboxHead) Has(seq uint64) bool {
+	for _, r := range h.Stored {
+		if r.From <= seq && seq <= r.To {
+			return true
+		}
+	}
+	return false
+}
+
+// MailboxOptions select the optional parts of the contract.
+type MailboxOptions struct {
+	// RateBuckets: the backend keeps the envelope and push buckets
+	// (MailboxLimits' bursts) in the head, as the cluster does. Pebble
+	// keeps them in the handler and runs without.
+	RateBuckets bool
+}
+
+// MailboxEnvelope is a well-formed envelope of seq carrying body.
+func MailboxEnvelope(seq uint64, body string) []byte {
+	e := []byte{1}
+	e = binary.BigEndian.AppendUint64(e, seq)
+	e = append(e, body...)
+	return append(e, make([]byte, 16)...) // the tag's room
+}
+
+// The contract's defaults: RELAY_IDLE, the claim's persist interval and
+// RELAY_MAX_STORED / RELAY_MAX_STORED_BYTES.
+const (
+	mbxIdle       = 720 * time.Hour
+	mbxTouchEvery = time.Hour
+)
+
+var mbxDefaultLimits = MailboxLimits{MaxStored: 4096, MaxStoredBytes: 32 << 20}
+
+// Mailbox runs the contract of Mailboxes. handles are views of one shared
+// state (Pebble: the same store N times; the cluster: one per node); the
+// calls of each case go through the handles in turn, and results are read
+// back through every handle. Every case uses its own mailbox names, so the
+// state needs no reset.
+func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
+	r := &rotor[Mailboxes]{hs: handles}
+	t0 := time.Now().UnixNano()
+	ctx := func(t *testing.T) context.Context {
+		c, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	tokA, tokB := hash("mbx-token-a"), hash("mbx-token-b")
+
+	claim := func(t *testing.T, h Mailboxes, name string, tok store.Hash, now int64) ClaimOutcome {
+		t.Helper()
+		o, err := h.Claim(ctx(t), name, tok, now, mbxTouchEvery, mbxIdle)
+		if err != nil {
+			t.Fatalf("claim %s: %v", name, err)
+		}
+		return o
+	}
+	putLim := func(t *testing.T, h Mailboxes, name string, dir byte, seq uint64, env []byte, lim MailboxLimits, now int64, want PutOutcome) PutResult {
+		t.Helper()
+		res, err := h.Put(ctx(t), name, dir, seq, env, lim, now)
+		if err != nil {
+			t.Fatalf("put %s %c %d: %v", name, dir, seq, err)
+		}
+		if res.Outcome != want {
+			t.Fatalf("put %s %c %d: %v, want %v", name, dir, seq, res.Outcome, want)
+		}
+		if res.Outcome != PutCreated && res.Push {
+			t.Fatalf("put %s %c %d: %v pushes", name, dir, seq, res.Outcome)
+		}
+		return res
+	}
+	put := func(t *testing.T, h Mailboxes, name string, dir byte, seq uint64, env []byte, want PutOutcome) PutResult {
+		t.Helper()
+		return putLim(t, h, name, dir, seq, env, mbxDefaultLimits, t0, want)
+	}
+	body := func(seq uint64) []byte { return MailboxEnvelope(seq, fmt.Sprint("m", seq)) }
+	state := func(t *testing.T, h Mailboxes, name string, dir byte) MailboxHead {
+		t.Helper()
+		s, err := h.State(ctx(t), name, dir)
+		if err != nil {
+			t.Fatalf("state %s %c: %v", name, dir, err)
+		}
+		return s
+	}
+	// scan lists the sequences above after, checking each envelope's bytes
+	// against want (nil: body).
+	scan := func(t *testing.T, h Mailboxes, name string, dir byte, after uint64, maxBytes int, want func(uint64) []byte) []uint64 {
+		t.Helper()
+		if want == nil {
+			want = body
+		}
+		var seqs []uint64
+		var kept [][]byte
+		err := h.Scan(ctx(t), name, dir, after, maxBytes, func(seq uint64, env []byte) bool {
+			seqs = append(seqs, seq)
+			kept = append(kept, env)
+			return true
+		})
+		if err != nil {
+			t.Fatalf("scan %s %c after %d: %v", name, dir, after, err)
+		}
+		// Checked after the scan: env is the callback's to keep, so a
+		// buffer reused by the backend shows here.
+		for i, seq := range seqs {
+			if !bytes.Equal(kept[i], want(seq)) {
+				t.Fatalf("scan %s %c: envelope %d has other bytes (%q)", name, dir, seq, kept[i])
+			}
+		}
+		return seqs
+	}
+	// headIs checks a direction's head through every handle.
+	headIs := func(t *testing.T, name string, dir byte, count, bytes int, pruned uint64, stored []SeqRun) MailboxHead {
+		t.Helper()
+		var h MailboxHead
+		for range handles {
+			h = state(t, r.next(), name, dir)
+			if h.Count != count || h.Bytes != bytes || h.Pruned != pruned || !slices.Equal(h.Stored, stored) {
+				t.Fatalf("head of %s %c: %+v, want count %d bytes %d pruned %d stored %v", name, dir, h, count, bytes, pruned, stored)
+			}
+		}
+		return h
+	}
+	envelopeIs := func(t *testing.T, name string, dir byte, seq uint64, want []byte) {
+		t.Helper()
+		for range handles {
+			got, ok, err := r.next().Envelope(ctx(t), name, dir, seq)
+			if err != nil {
+				t.Fatalf("envelope %s %c %d: %v", name, dir, seq, err)
+			}
+			if ok != (want != nil) || !bytes.Equal(got, want) {
+				t.Fatalf("envelope %s %c %d: %q %v, want %q", name, dir, seq, got, ok, want)
+			}
+		}
+	}
+	sizes := func(seqs ...uint64) int {
+		n := 0
+		for _, s := range seqs {
+			n += len(body(s))
+		}
+		return n
+	}
+
+	t.Run("Claim", func(t *testing.T) {
+		name := "ct/claim1"
+		if _, err := r.next().Mailbox(ctx(t), name); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("record before the claim: %v", err)
+		}
+		if o := claim(t, r.next(), name, tokA, t0); o != ClaimCreated {
+			t.Fatalf("first claim: %d", o)
+		}
+		recordIs := func(t *testing.T, tok store.Hash, active int64) {
+			t.Helper()
+			for range handles {
+				rec, err := r.next().Mailbox(ctx(t), name)
+				if err != nil || rec.Token != tok || rec.LastActive != active {
+					t.Fatalf("record %+v %v, want token %x active %d", rec, err, tok[:4], active)
+				}
+			}
+		}
+		recordIs(t, tokA, t0)
+		// Within touchEvery a heartbeat is answered without a write; at
+		// touchEvery it moves LastActive.
+		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)-1); o != ClaimSame {
+			t.Fatalf("same token: %d", o)
+		}
+		recordIs(t, tokA, t0)
+		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)); o != ClaimSame {
+			t.Fatalf("same token at touchEvery: %d", o)
+		}
+		recordIs(t, tokA, t0+int64(mbxTouchEvery))
+		for range handles {
+			if o := claim(t, r.next(), name, tokB, t0+int64(mbxTouchEvery)); o != ClaimTaken {
+				t.Fatalf("other token: %d", o)
+			}
+		}
+		recordIs(t, tokA, t0+int64(mbxTouchEvery))
+	})
+
+	t.Run("Touch", func(t *testing.T) {
+		name := "ct/touch1"
+		claim(t, r.next(), name, tokA, t0)
+		activeIs := func(t *testing.T, want int64) {
+			t.Helper()
+			for range handles {
+				if rec, err := r.next().Mailbox(ctx(t), name); err != nil || rec.LastActive != want {
+					t.Fatalf("record %+v %v, want active %d", rec, err, want)
+				}
+			}
+		}
+		if err := r.next().Touch(ctx(t), name, t0+5); err != nil {
+			t.Fatal(err)
+		}
+		activeIs(t, t0+5)
+		if err := r.next().Touch(ctx(t), name, t0+2); err != nil { // never back
+			t.Fatal(err)
+		}
+		activeIs(t, t0+5)
+		if err := r.next().Touch(ctx(t), "ct/touch-none", t0); err != nil {
+			t.Fatalf("touch of no mailbox: %v", err)
+		}
+		if _, err := r.next().Mailbox(ctx(t), "ct/touch-none"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("touch created a mailbox: %v", err)
+		}
+	})
+
+	t.Run("ClaimOfAnIdleMailbox", func(t *testing.T) {
+		name := "ct/idle1"
+		claim(t, r.next(), name, tokA, t0)
+		put(t, r.next(), name, store.DirP2C, 1, body(1), PutCreated)
+		if err := r.next().SetPushRegistration(ctx(t), name, store.DirC2P, []byte("sealed")); err != nil {
+			t.Fatal(err)
+		}
+		// At exactly idle it is alive; one nanosecond past it is gone and
+		// the new holder finds it empty.
+		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)); o != ClaimTaken {
+			t.Fatalf("claim at idle: %d", o)
+		}
+		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)+1); o != ClaimCreated {
+			t.Fatalf("claim past idle: %d", o)
+		}
+		for range handles {
+			h := r.next()
+			if rec, err := h.Mailbox(ctx(t), name); err != nil || rec.Token != tokB {
+				t.Fatalf("record after the takeover: %+v %v", rec, err)
+			}
+			if got := scan(t, h, name, store.DirP2C, 0, 0, nil); len(got) != 0 {
+				t.Fatalf("the old holder's envelopes survived: %v", got)
+			}
+			if _, err := h.PushRegistration(ctx(t), name, store.DirC2P); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the old holder's registration survived: %v", err)
+			}
+		}
+		put(t, r.next(), name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), PutCreated)
+
+		// A write keeps a mailbox alive: the handler touches the record
+		// with it (once per touchEvery).
+		name = "ct/idle2"
+		claim(t, r.next(), name, tokA, t0)
+		putLim(t, r.next(), name, store.DirC2P, 1, body(1), mbxDefaultLimits, t0+int64(mbxIdle), PutCreated)
+		if err := r.next().Touch(ctx(t), name, t0+int64(mbxIdle)); err != nil {
+			t.Fatal(err)
+		}
+		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)+1); o != ClaimTaken {
+			t.Fatalf("claim of a mailbox kept by a write: %d", o)
+		}
+		if o := claim(t, r.next(), name, tokA, t0+int64(mbxIdle)+1); o != ClaimSame {
+			t.Fatalf("holder's claim of a mailbox kept by a write: %d", o)
+		}
+	})
+
+	t.Run("PutOutcomes", func(t *testing.T) {
+		name := "ct/put1"
+		for range handles {
+			put(t, r.next(), name, store.DirP2C, 1, body(1), PutNoMailbox)
+		}
+		claim(t, r.next(), name, tokA, t0)
+		headIs(t, name, store.DirP2C, 0, 0, 0, nil)
+		res := put(t, r.next(), name, store.DirP2C, 1, body(1), PutCreated)
+		if res.Push {
+			t.Fatal("a put without Notify pushes")
+		}
+		for range handles {
+			put(t, r.next(), name, store.DirP2C, 1, body(1), PutRetry)
+			put(t, r.next(), name, store.DirP2C, 1, MailboxEnvelope(1, "other"), PutConflict)
+		}
+		envelopeIs(t, name, store.DirP2C, 1, body(1))
+		headIs(t, name, store.DirP2C, 1, sizes(1), 0, []SeqRun{{1, 1}})
+		// The other direction is its own.
+		headIs(t, name, store.DirC2P, 0, 0, 0, nil)
+		envelopeIs(t, name, store.DirC2P, 1, nil)
+		put(t, r.next(), name, store.DirC2P, 1, MailboxEnvelope(1, "c2p"), PutCreated)
+		envelopeIs(t, name, store.DirC2P, 1, MailboxEnvelope(1, "c2p"))
+		envelopeIs(t, name, store.DirP2C, 1, body(1))
+	})
+
+	t.Run("OutOfOrder", func(t *testing.T) {
+		name := "ct/ooo1"
+		claim(t, r.next(), name, tokA, t0)
+		for _, seq := range []uint64{1, 2, 5, 3} { // 3 below the max
+			put(t, r.next(), name, store.DirC2P, seq, body(seq), PutCreated)
+		}
+		h := headIs(t, name, store.DirC2P, 4, sizes(1, 2, 3, 5), 0, []SeqRun{{1, 3}, {5, 5}})
+		if h.Max != 5 || h.First() != 1 || h.Last() != 5 || h.Has(4) || !h.Has(3) {
+			t.Fatalf("head %+v", h)
+		}
+		envelopeIs(t, name, store.DirC2P, 3, body(3))
+		envelopeIs(t, name, store.DirC2P, 4, nil)
+		for range handles {
+			if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); !slices.Equal(got, []uint64{1, 2, 3, 5}) {
+				t.Fatalf("scan %v", got)
+			}
+		}
+		put(t, r.next(), name, store.DirC2P, 3, body(3), PutRetry)
+		put(t, r.next(), name, store.DirC2P, 3, MailboxEnvelope(3, "other"), PutConflict)
+		put(t, r.next(), name, store.DirC2P, 4, body(4), PutCreated)
+		headIs(t, name, store.DirC2P, 5, sizes(1, 2, 3, 4, 5), 0, []SeqRun{{1, 5}})
+		if got := scan(t, r.next(), name, store.DirC2P, 2, 0, nil); !slices.Equal(got, []uint64{3, 4, 5}) {
+			t.Fatalf("scan after 2: %v", got)
+		}
+		// A hole far below the max, then the max moves on.
+		put(t, r.next(), name, store.DirC2P, 9, body(9), PutCreated)
+		put(t, r.next(), name, store.DirC2P, 7, body(7), PutCreated)
+		put(t, r.next(), name, store.DirC2P, 10, body(10), PutCreated)
+		if got := scan(t, r.next(), name, store.DirC2P, 4, 0, nil); !slices.Equal(got, []uint64{5, 7, 9, 10}) {
+			t.Fatalf("scan after 4: %v", got)
+		}
+	})
+
+	t.Run("Limits", func(t *testing.T) {
+		// Count: at the bound stored, one past full and nothing stored.
+		name := "ct/count1"
+		claim(t, r.next(), name, tokA, t0)
+		lim := MailboxLimits{MaxStored: 3, MaxStoredBytes: 1 << 20}
+		for seq := uint64(1); seq <= 3; seq++ {
+			putLim(t, r.next(), name, store.DirP2C, seq, body(seq), lim, t0, PutCreated)
+		}
+		for range handles {
+			putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutFull)
+		}
+		headIs(t, name, store.DirP2C, 3, sizes(1, 2, 3), 0, []SeqRun{{1, 3}})
+		envelopeIs(t, name, store.DirP2C, 4, nil)
+		// A full direction still answers retries and conflicts as such.
+		putLim(t, r.next(), name, store.DirP2C, 2, body(2), lim, t0, PutRetry)
+		putLim(t, r.next(), name, store.DirP2C, 2, MailboxEnvelope(2, "other"), lim, t0, PutConflict)
+		// A prune frees room: one more fits, then full again.
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 1); err != nil {
+			t.Fatal(err)
+		}
+		putLim(t, r.next(), name, store.DirP2C, 1, body(1), lim, t0, PutPruned) // the mark before 507
+		putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutCreated)
+		putLim(t, r.next(), name, store.DirP2C, 5, body(5), lim, t0, PutFull)
+		headIs(t, name, store.DirP2C, 3, sizes(2, 3, 4), 1, []SeqRun{{2, 4}})
+
+		// Bytes: exactly at the bound stored, one byte past full.
+		name = "ct/bytes1"
+		claim(t, r.next(), name, tokA, t0)
+		e1, e2 := MailboxEnvelope(1, "abcd"), MailboxEnvelope(2, "abcde")
+		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: len(e1) + len(e2)}
+		putLim(t, r.next(), name, store.DirC2P, 1, e1, lim, t0, PutCreated)
+		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutCreated)
+		for range handles {
+			putLim(t, r.next(), name, store.DirC2P, 3, MailboxEnvelope(3, ""), lim, t0, PutFull)
+		}
+		headIs(t, name, store.DirC2P, 2, len(e1)+len(e2), 0, []SeqRun{{1, 2}})
+		name = "ct/bytes2"
+		claim(t, r.next(), name, tokA, t0)
+		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: len(e2) - 1}
+		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutFull) // one envelope past the bound
+		lim.MaxStoredBytes++
+		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutCreated)
+	})
+
+	t.Run("Scan", func(t *testing.T) {
+		name := "ct/scan1"
+		claim(t, r.next(), name, tokA, t0)
+		for seq := uint64(1); seq <= 12; seq++ {
+			if seq == 6 {
+				continue // filled below the max
+			}
+			put(t, r.next(), name, store.DirP2C, seq, body(seq), PutCreated)
+		}
+		put(t, r.next(), name, store.DirP2C, 6, body(6), PutCreated)
+		all := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+		one := len(body(10))
+		for _, maxBytes := range []int{0, 1, one, 3*one + 1, 1 << 20} {
+			for _, after := range []uint64{0, 1, 5, 6, 11, 12, 100} {
+				want := all[min(int(after), len(all)):]
+				if got := scan(t, r.next(), name, store.DirP2C, after, maxBytes, nil); !slices.Equal(got, want) {
+					t.Fatalf("scan after %d, maxBytes %d: %v, want %v", after, maxBytes, got, want)
+				}
+			}
+		}
+		// fn stops it at once.
+		var got []uint64
+		err := r.next().Scan(ctx(t), name, store.DirP2C, 2, one, func(seq uint64, env []byte) bool {
+			got = append(got, seq)
+			return len(got) < 3
+		})
+		if err != nil || !slices.Equal(got, []uint64{3, 4, 5}) {
+			t.Fatalf("stopped scan: %v %v", got, err)
+		}
+		// Nothing to list: an empty direction, a mailbox that never was.
+		if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); len(got) != 0 {
+			t.Fatalf("empty direction: %v", got)
+		}
+		if got := scan(t, r.next(), "ct/scan-none", store.DirC2P, 0, 0, nil); len(got) != 0 {
+			t.Fatalf("no mailbox: %v", got)
+		}
+	})
+
+	t.Run("StateAndPrune", func(t *testing.T) {
+		name := "ct/prune1"
+		claim(t, r.next(), name, tokA, t0)
+		var res PutResult
+		for _, seq := range []uint64{1, 2, 3, 5, 6, 4} {
+			res = put(t, r.next(), name, store.DirP2C, seq, body(seq), PutCreated)
+		}
+		h := headIs(t, name, store.DirP2C, 6, sizes(1, 2, 3, 4, 5, 6), 0, []SeqRun{{1, 6}})
+		if res.Rev == 0 || h.Rev != res.Rev || h.Max != 6 {
+			t.Fatalf("head %+v after a put of rev %d", h, res.Rev)
+		}
+		// Through 0 removes nothing.
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 0); err != nil {
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirP2C, 6, sizes(1, 2, 3, 4, 5, 6), 0, []SeqRun{{1, 6}})
+		// Through 4: the out-of-order 4 and the in-order ones below it go.
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 4); err != nil {
+			t.Fatal(err)
+		}
+		h2 := headIs(t, name, store.DirP2C, 2, sizes(5, 6), 4, []SeqRun{{5, 6}})
+		if h2.Rev == h.Rev {
+			t.Fatalf("a prune left the revision at %d", h.Rev)
+		}
+		for range handles {
+			if got := scan(t, r.next(), name, store.DirP2C, 0, 0, nil); !slices.Equal(got, []uint64{5, 6}) {
+				t.Fatalf("scan after prune: %v", got)
+			}
+		}
+		for _, seq := range []uint64{1, 4} {
+			envelopeIs(t, name, store.DirP2C, seq, nil)
+			put(t, r.next(), name, store.DirP2C, seq, body(seq), PutPruned)
+		}
+		// A lower mark does not lower it.
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 2); err != nil {
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirP2C, 2, sizes(5, 6), 4, []SeqRun{{5, 6}})
+		put(t, r.next(), name, store.DirP2C, 3, body(3), PutPruned)
+		put(t, r.next(), name, store.DirP2C, 7, body(7), PutCreated)
+		// Past the last: empty, and the mark holds above it.
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 100); err != nil {
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirP2C, 0, 0, 100, nil)
+		put(t, r.next(), name, store.DirP2C, 50, body(50), PutPruned)
+		put(t, r.next(), name, store.DirP2C, 100, body(100), PutPruned)
+		put(t, r.next(), name, store.DirP2C, 101, body(101), PutCreated)
+		headIs(t, name, store.DirP2C, 1, sizes(101), 100, []SeqRun{{101, 101}})
+		if got := scan(t, r.next(), name, store.DirP2C, 0, 0, nil); !slices.Equal(got, []uint64{101}) {
+			t.Fatalf("scan: %v", got)
+		}
+		// A direction never written keeps a mark too.
+		if err := r.next().Prune(ctx(t), name, store.DirC2P, 5); err != nil {
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirC2P, 0, 0, 5, nil)
+		put(t, r.next(), name, store.DirC2P, 5, body(5), PutPruned)
+		put(t, r.next(), name, store.DirC2P, 6, body(6), PutCreated)
+		headIs(t, name, store.DirC2P, 1, sizes(6), 5, []SeqRun{{6, 6}})
+	})
+
+	t.Run("Erase", func(t *testing.T) {
+		name := "ct/erase1"
+		claim(t, r.next(), name, tokA, t0)
+		writer := r.next() // it wrote last, so it may hold the head
+		for seq := uint64(1); seq <= 3; seq++ {
+			put(t, writer, name, store.DirP2C, seq, body(seq), PutCreated)
+			put(t, writer, name, store.DirC2P, seq, body(seq), PutCreated)
+		}
+		if err := writer.Prune(ctx(t), name, store.DirC2P, 2); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []byte{store.DirP2C, store.DirC2P} {
+			if err := writer.SetPushRegistration(ctx(t), name, dir, []byte("sealed")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.next().Erase(ctx(t), name); err != nil {
+			t.Fatal(err)
+		}
+		gone := func(t *testing.T) {
+			t.Helper()
+			for range handles {
+				h := r.next()
+				if _, err := h.Mailbox(ctx(t), name); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("record after erase: %v", err)
+				}
+				for _, dir := range []byte{store.DirP2C, store.DirC2P} {
+					if _, err := h.PushRegistration(ctx(t), name, dir); !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("registration %c after erase: %v", dir, err)
+					}
+					if got := scan(t, h, name, dir, 0, 0, nil); len(got) != 0 {
+						t.Fatalf("scan %c after erase: %v", dir, got)
+					}
+				}
+			}
+			for _, dir := range []byte{store.DirP2C, store.DirC2P} {
+				headIs(t, name, dir, 0, 0, 0, nil)
+				envelopeIs(t, name, dir, 3, nil)
+			}
+		}
+		gone(t)
+		// The node that wrote last learns of the erase from the store.
+		put(t, writer, name, store.DirP2C, 4, body(4), PutNoMailbox)
+		put(t, writer, name, store.DirP2C, 1, body(1), PutNoMailbox)
+		for range handles {
+			put(t, r.next(), name, store.DirC2P, 4, body(4), PutNoMailbox)
+		}
+		gone(t)
+		if err := r.next().Erase(ctx(t), name); err != nil {
+			t.Fatalf("erase of an erased mailbox: %v", err)
+		}
+		// A new claim starts empty: no mark, no envelopes, any bytes.
+		if o := claim(t, r.next(), name, tokB, t0); o != ClaimCreated {
+			t.Fatalf("claim after erase: %d", o)
+		}
+		fresh := func(seq uint64) []byte { return MailboxEnvelope(seq, "fresh") }
+		put(t, writer, name, store.DirP2C, 1, fresh(1), PutCreated)
+		put(t, writer, name, store.DirC2P, 1, fresh(1), PutCreated)
+		envelopeIs(t, name, store.DirP2C, 1, fresh(1))
+		headIs(t, name, store.DirC2P, 1, len(fresh(1)), 0, []SeqRun{{1, 1}})
+		if got := scan(t, r.next(), name, store.DirP2C, 0, 0, fresh); !slices.Equal(got, []uint64{1}) {
+			t.Fatalf("scan after the new claim: %v", got)
+		}
+		if err := r.next().Erase(ctx(t), "ct/erase-none"); err != nil {
+			t.Fatalf("erase of no mailbox: %v", err)
+		}
+	})
+
+	t.Run("PushRegistration", func(t *testing.T) {
+		name := "ct/push1"
+		claim(t, r.next(), name, tokA, t0)
+		regIs := func(t *testing.T, dir byte, want string) {
+			t.Helper()
+			for range handles {
+				got, err := r.next().PushRegistration(ctx(t), name, dir)
+				if want == "" {
+					if !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("registration %c: %q %v, want none", dir, got, err)
+					}
+					continue
+				}
+				if err != nil || string(got) != want {
+					t.Fatalf("registration %c: %q %v, want %q", dir, got, err, want)
+				}
+			}
+		}
+		regIs(t, store.DirC2P, "")
+		for _, v := range []string{"one", "two"} { // the second replaces the first
+			if err := r.next().SetPushRegistration(ctx(t), name, store.DirC2P, []byte(v)); err != nil {
+				t.Fatal(err)
+			}
+			regIs(t, store.DirC2P, v)
+		}
+		regIs(t, store.DirP2C, "")
+		if err := r.next().SetPushRegistration(ctx(t), name, store.DirP2C, []byte("p")); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.next().DeletePushRegistration(ctx(t), name, store.DirC2P); err != nil {
+			t.Fatal(err)
+		}
+		regIs(t, store.DirC2P, "")
+		regIs(t, store.DirP2C, "p")
+		if err := r.next().DeletePushRegistration(ctx(t), name, store.DirC2P); err != nil {
+			t.Fatalf("delete of no registration: %v", err)
+		}
+	})
+
+	if !opt.RateBuckets {
+		return
+	}
+	t.Run("RateBuckets", func(t *testing.T) {
+		name := "ct/rate1"
+		claim(t, r.next(), name, tokA, t0)
+		every := time.Hour
+		lim := MailboxLimits{MaxStored: 10, MaxStoredBytes: 1 << 20, EnvelopeBurst: 3, EnvelopeEvery: every, PushBurst: 2, PushEvery: every, Notify: true}
+		for seq := uint64(1); seq <= 3; seq++ {
+			if res := putLim(t, r.next(), name, store.DirP2C, seq, body(seq), lim, t0, PutCreated); res.Push != (seq <= 2) {
+				t.Fatalf("seq %d: push %v", seq, res.Push)
+			}
+		}
+		res := putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutRateLimited)
+		if res.RetryAfter <= 0 || res.RetryAfter > every {
+			t.Fatalf("retry after %v", res.RetryAfter)
+		}
+		headIs(t, name, store.DirP2C, 3, sizes(1, 2, 3), 0, []SeqRun{{1, 3}})
+		// A retry costs no token and is not refused by an empty bucket.
+		putLim(t, r.next(), name, store.DirP2C, 1, body(1), lim, t0, PutRetry)
+		// A token back after every, in both buckets.
+		if res := putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0+int64(every), PutCreated); !res.Push {
+			t.Fatal("no push with a token back")
+		}
+		// The other direction has its own buckets (p2c's push bucket is
+		// empty at t0), and a put without Notify takes no push token.
+		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: 1 << 20, PushBurst: 1, PushEvery: every}
+		putLim(t, r.next(), name, store.DirC2P, 1, body(1), lim, t0, PutCreated)
+		lim.Notify = true
+		if res := putLim(t, r.next(), name, store.DirC2P, 2, body(2), lim, t0, PutCreated); !res.Push {
+			t.Fatal("c2p: no push from a full bucket")
+		}
+		if res := putLim(t, r.next(), name, store.DirC2P, 3, body(3), lim, t0, PutCreated); res.Push {
+			t.Fatal("c2p: pushed from an empty bucket")
+		}
+	})
+}
