@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,6 +153,10 @@ type MailboxOptions struct {
 	// (MailboxLimits' bursts) in the head, as the cluster does. Pebble
 	// keeps them in the handler and runs without.
 	RateBuckets bool
+	// Concurrent: the store decides calls racing on one mailbox itself
+	// (the cluster: writers on several nodes). Pebble's handler
+	// serializes them per mailbox before the store sees them.
+	Concurrent bool
 }
 
 // MailboxEnvelope is a well-formed envelope of seq carrying body.
@@ -344,7 +350,8 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 	t.Run("ClaimOfAnIdleMailbox", func(t *testing.T) {
 		name := "ct/idle1"
 		claim(t, r.next(), name, tokA, t0)
-		put(t, r.next(), name, store.DirP2C, 1, body(1), PutCreated)
+		writer := r.next() // it wrote, so it may hold the head
+		put(t, writer, name, store.DirP2C, 1, body(1), PutCreated)
 		if err := r.next().SetPushRegistration(ctx(t), name, store.DirC2P, []byte("sealed")); err != nil {
 			t.Fatal(err)
 		}
@@ -368,7 +375,8 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 				t.Fatalf("the old holder's registration survived: %v", err)
 			}
 		}
-		put(t, r.next(), name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), PutCreated)
+		put(t, writer, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), PutCreated)
+		envelopeIs(t, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"))
 
 		// A write keeps a mailbox alive: the handler touches the record
 		// with it (once per touchEvery).
@@ -588,6 +596,87 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		headIs(t, name, store.DirC2P, 1, sizes(6), 5, []SeqRun{{6, 6}})
 	})
 
+	t.Run("PruneSeenByTheWriter", func(t *testing.T) {
+		// A handle that wrote (and may hold the head) answers from the
+		// prune another handle made.
+		name := "ct/stale1"
+		claim(t, r.next(), name, tokA, t0)
+		writer := r.next()
+		for seq := uint64(1); seq <= 3; seq++ {
+			put(t, writer, name, store.DirP2C, seq, body(seq), PutCreated)
+		}
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 2); err != nil {
+			t.Fatal(err)
+		}
+		put(t, writer, name, store.DirP2C, 2, body(2), PutPruned)
+		put(t, writer, name, store.DirP2C, 1, MailboxEnvelope(1, "other"), PutPruned)
+		put(t, writer, name, store.DirP2C, 3, body(3), PutRetry)
+		// Room freed elsewhere is room for the writer.
+		lim := MailboxLimits{MaxStored: 2, MaxStoredBytes: 1 << 20}
+		putLim(t, writer, name, store.DirP2C, 4, body(4), lim, t0, PutCreated)
+		putLim(t, writer, name, store.DirP2C, 5, body(5), lim, t0, PutFull)
+		if err := r.next().Prune(ctx(t), name, store.DirP2C, 3); err != nil {
+			t.Fatal(err)
+		}
+		putLim(t, writer, name, store.DirP2C, 5, body(5), lim, t0, PutCreated)
+		headIs(t, name, store.DirP2C, 2, sizes(4, 5), 3, []SeqRun{{4, 5}})
+	})
+
+	t.Run("PruneKeepingAnOutOfOrderFirst", func(t *testing.T) {
+		// The first envelope kept was written below the max: the bytes
+		// freed still come out exact.
+		name := "ct/prune2"
+		claim(t, r.next(), name, tokA, t0)
+		for _, seq := range []uint64{1, 2, 8, 3, 5, 4, 9} { // 3, 4, 5 out of order
+			put(t, r.next(), name, store.DirC2P, seq, body(seq), PutCreated)
+		}
+		if err := r.next().Prune(ctx(t), name, store.DirC2P, 2); err != nil {
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirC2P, 5, sizes(3, 4, 5, 8, 9), 2, []SeqRun{{3, 5}, {8, 9}})
+		if err := r.next().Prune(ctx(t), name, store.DirC2P, 6); err != nil { // through a hole
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirC2P, 2, sizes(8, 9), 6, []SeqRun{{8, 9}})
+		put(t, r.next(), name, store.DirC2P, 7, body(7), PutCreated)
+		headIs(t, name, store.DirC2P, 3, sizes(7, 8, 9), 6, []SeqRun{{7, 9}})
+		if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); !slices.Equal(got, []uint64{7, 8, 9}) {
+			t.Fatalf("scan: %v", got)
+		}
+		if err := r.next().Prune(ctx(t), name, store.DirC2P, 8); err != nil { // the out-of-order 7 and the in-order 8
+			t.Fatal(err)
+		}
+		headIs(t, name, store.DirC2P, 1, sizes(9), 8, []SeqRun{{9, 9}})
+	})
+
+	t.Run("ScanLongAndLarge", func(t *testing.T) {
+		// More envelopes than one read returns, and envelopes whose sum
+		// is over any one read's byte bound.
+		name := "ct/scan2"
+		claim(t, r.next(), name, tokA, t0)
+		const many = 300
+		want := make([]uint64, many)
+		for i := range want {
+			want[i] = uint64(i + 1)
+			put(t, r.next(), name, store.DirP2C, want[i], body(want[i]), PutCreated)
+		}
+		for _, after := range []uint64{0, 255, 256, 299} {
+			if got := scan(t, r.next(), name, store.DirP2C, after, 0, nil); !slices.Equal(got, want[after:]) {
+				t.Fatalf("scan after %d: %d envelopes, want %d", after, len(got), many-int(after))
+			}
+		}
+		large := func(seq uint64) []byte { return MailboxEnvelope(seq, strings.Repeat(fmt.Sprint(seq%10), 65536-25)) }
+		for seq := uint64(1); seq <= 20; seq++ {
+			put(t, r.next(), name, store.DirC2P, seq, large(seq), PutCreated)
+		}
+		headIs(t, name, store.DirC2P, 20, 20*65536, 0, []SeqRun{{1, 20}})
+		for _, maxBytes := range []int{0, 1, 65536, 100 << 10} {
+			if got := scan(t, r.next(), name, store.DirC2P, 3, maxBytes, large); len(got) != 17 || got[0] != 4 || got[16] != 20 {
+				t.Fatalf("scan of large envelopes, maxBytes %d: %v", maxBytes, got)
+			}
+		}
+	})
+
 	t.Run("Erase", func(t *testing.T) {
 		name := "ct/erase1"
 		claim(t, r.next(), name, tokA, t0)
@@ -695,10 +784,10 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		}
 	})
 
-	if !opt.RateBuckets {
-		return
-	}
 	t.Run("RateBuckets", func(t *testing.T) {
+		if !opt.RateBuckets {
+			t.Skip("the handler keeps the buckets")
+		}
 		name := "ct/rate1"
 		claim(t, r.next(), name, tokA, t0)
 		every := time.Hour
@@ -729,6 +818,124 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		}
 		if res := putLim(t, r.next(), name, store.DirC2P, 3, body(3), lim, t0, PutCreated); res.Push {
 			t.Fatal("c2p: pushed from an empty bucket")
+		}
+	})
+
+	if !opt.Concurrent {
+		return
+	}
+	t.Run("Racing", func(t *testing.T) {
+		// Every handle at once, several calls each: the store's answers
+		// are exact as if they came one by one.
+		race := func(n int, call func(i int)) {
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { call(i) })
+			}
+			wg.Wait()
+		}
+		const racers = 6
+		hs := make([]Mailboxes, racers)
+		for i := range hs {
+			hs[i] = r.next()
+		}
+		count := func(outs []PutOutcome, o PutOutcome) int {
+			n := 0
+			for _, x := range outs {
+				if x == o {
+					n++
+				}
+			}
+			return n
+		}
+		// One claim wins.
+		name := "ct/race1"
+		claims := make([]ClaimOutcome, racers)
+		race(racers, func(i int) {
+			o, err := hs[i].Claim(ctx(t), name, hash(fmt.Sprint("race-token-", i)), t0, mbxTouchEvery, mbxIdle)
+			if err != nil {
+				t.Errorf("claim %d: %v", i, err)
+			}
+			claims[i] = o
+		})
+		winner := slices.Index(claims, ClaimCreated)
+		if winner < 0 || slices.Index(claims[winner+1:], ClaimCreated) >= 0 {
+			t.Fatalf("claims: %v", claims)
+		}
+		if rec, err := r.next().Mailbox(ctx(t), name); err != nil || rec.Token != hash(fmt.Sprint("race-token-", winner)) {
+			t.Fatalf("record %+v %v, want racer %d's token", rec, err, winner)
+		}
+		// One seq, other bytes: one stored, the rest conflicts.
+		outs := make([]PutOutcome, racers)
+		race(racers, func(i int) {
+			res, err := hs[i].Put(ctx(t), name, store.DirP2C, 1, MailboxEnvelope(1, fmt.Sprint("racer", i)), mbxDefaultLimits, t0)
+			if err != nil {
+				t.Errorf("put %d: %v", i, err)
+			}
+			outs[i] = res.Outcome
+		})
+		if count(outs, PutCreated) != 1 || count(outs, PutConflict) != racers-1 {
+			t.Fatalf("racing puts of seq 1: %v", outs)
+		}
+		won := slices.Index(outs, PutCreated)
+		envelopeIs(t, name, store.DirP2C, 1, MailboxEnvelope(1, fmt.Sprint("racer", won)))
+		// The same bytes: one stored, the rest retries.
+		race(racers, func(i int) {
+			res, err := hs[i].Put(ctx(t), name, store.DirP2C, 2, body(2), mbxDefaultLimits, t0)
+			if err != nil {
+				t.Errorf("put %d: %v", i, err)
+			}
+			outs[i] = res.Outcome
+		})
+		if count(outs, PutCreated) != 1 || count(outs, PutRetry) != racers-1 {
+			t.Fatalf("racing retries of seq 2: %v", outs)
+		}
+		// Distinct seqs against a count bound: exactly the bound stored.
+		const each, bound = 4, 10
+		lim := MailboxLimits{MaxStored: bound, MaxStoredBytes: 1 << 20}
+		all := make([]PutOutcome, racers*each)
+		race(racers, func(i int) {
+			for j := range each {
+				seq := uint64(3 + i*each + j)
+				res, err := hs[i].Put(ctx(t), name, store.DirC2P, seq, body(seq), lim, t0)
+				if err != nil {
+					t.Errorf("put %d: %v", seq, err)
+				}
+				all[i*each+j] = res.Outcome
+			}
+		})
+		if count(all, PutCreated) != bound || count(all, PutFull) != len(all)-bound {
+			t.Fatalf("racing puts against a bound of %d: %v", bound, all)
+		}
+		h := state(t, r.next(), name, store.DirC2P)
+		var stored []uint64
+		if err := r.next().Scan(ctx(t), name, store.DirC2P, 0, 0, func(seq uint64, env []byte) bool {
+			stored = append(stored, seq)
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if h.Count != bound || len(stored) != bound {
+			t.Fatalf("after racing puts: head %+v, scan %v", h, stored)
+		}
+		if opt.RateBuckets {
+			// A burst is exact across racers too.
+			name := "ct/race2"
+			claim(t, r.next(), name, tokA, t0)
+			lim := MailboxLimits{MaxStored: 100, MaxStoredBytes: 1 << 20, EnvelopeBurst: 7, EnvelopeEvery: time.Hour}
+			race(racers, func(i int) {
+				for j := range each {
+					seq := uint64(1 + i*each + j)
+					res, err := hs[i].Put(ctx(t), name, store.DirP2C, seq, body(seq), lim, t0)
+					if err != nil {
+						t.Errorf("put %d: %v", seq, err)
+					}
+					all[i*each+j] = res.Outcome
+				}
+			})
+			if count(all, PutCreated) != 7 || count(all, PutRateLimited) != len(all)-7 {
+				t.Fatalf("racing puts against a burst of 7: %v", all)
+			}
 		}
 	})
 }

@@ -18,7 +18,7 @@ func TestMailboxContract(t *testing.T) {
 	for i, s := range st {
 		hs[i] = contract{s}
 	}
-	storetest.Mailbox(t, hs, storetest.MailboxOptions{RateBuckets: true})
+	storetest.Mailbox(t, hs, storetest.MailboxOptions{RateBuckets: true, Concurrent: true})
 }
 
 // contract adapts a Store to storetest.Mailboxes: the same calls, with the
