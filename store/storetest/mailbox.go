@@ -157,6 +157,20 @@ type MailboxOptions struct {
 	// (the cluster: writers on several nodes). Pebble's handler
 	// serializes them per mailbox before the store sees them.
 	Concurrent bool
+
+	// The two below are departures from the spec a backend may declare,
+	// which skip the strict cases (the zero value is the spec).
+	//
+	// CoalescedHeartbeats: a 204 claim within touchEvery of the stored
+	// LastActive writes nothing, so the idle timer runs from the stored
+	// value and a mailbox can expire up to touchEvery before RELAY_IDLE
+	// has passed since its last claim (mailboxjs).
+	CoalescedHeartbeats bool
+	// HeadCaps: a direction whose stored sequences are spread widely is
+	// full (507) before it holds MaxStored envelopes, because its stored
+	// set has a byte cap (mailboxjs: 146 envelopes when each is 2^40 above
+	// the last, 512 at a spacing of 100, 4,084 of 4,096 at 2).
+	HeadCaps bool
 }
 
 // MailboxEnvelope is a well-formed envelope of seq carrying body.
@@ -307,7 +321,11 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)-1); o != ClaimSame {
 			t.Fatalf("same token: %d", o)
 		}
-		recordIs(t, tokA, t0)
+		if opt.CoalescedHeartbeats {
+			recordIs(t, tokA, t0)
+		} else {
+			recordIs(t, tokA, t0+int64(mbxTouchEvery)-1)
+		}
 		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)); o != ClaimSame {
 			t.Fatalf("same token at touchEvery: %d", o)
 		}
@@ -378,6 +396,17 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		put(t, writer, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), PutCreated)
 		envelopeIs(t, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"))
 
+		// Its own holder, back after idle, gets a new mailbox too.
+		name = "ct/idle3"
+		claim(t, r.next(), name, tokA, t0)
+		put(t, writer, name, store.DirC2P, 1, body(1), PutCreated)
+		if o := claim(t, r.next(), name, tokA, t0+int64(mbxIdle)+1); o != ClaimCreated {
+			t.Fatalf("the holder's claim past idle: %d", o)
+		}
+		envelopeIs(t, name, store.DirC2P, 1, nil)
+		headIs(t, name, store.DirC2P, 0, 0, 0, nil)
+		put(t, writer, name, store.DirC2P, 1, MailboxEnvelope(1, "again"), PutCreated)
+
 		// A write keeps a mailbox alive: the handler touches the record
 		// with it (once per touchEvery).
 		name = "ct/idle2"
@@ -391,6 +420,26 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		}
 		if o := claim(t, r.next(), name, tokA, t0+int64(mbxIdle)+1); o != ClaimSame {
 			t.Fatalf("holder's claim of a mailbox kept by a write: %d", o)
+		}
+	})
+
+	t.Run("HeartbeatRestartsIdle", func(t *testing.T) {
+		if opt.CoalescedHeartbeats {
+			t.Skip("the backend coalesces heartbeats within touchEvery")
+		}
+		// "204 … restarts the idle timer": idle runs from the last claim,
+		// however soon after the one before it came.
+		name := "ct/heartbeat1"
+		claim(t, r.next(), name, tokA, t0)
+		t1 := t0 + int64(mbxTouchEvery)/2
+		if o := claim(t, r.next(), name, tokA, t1); o != ClaimSame {
+			t.Fatalf("heartbeat: %d", o)
+		}
+		if o := claim(t, r.next(), name, tokB, t1+int64(mbxIdle)); o != ClaimTaken {
+			t.Fatalf("claim at idle after the heartbeat: %d", o)
+		}
+		if o := claim(t, r.next(), name, tokB, t1+int64(mbxIdle)+1); o != ClaimCreated {
+			t.Fatalf("claim past idle after the heartbeat: %d", o)
 		}
 	})
 
@@ -494,6 +543,24 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutFull) // one envelope past the bound
 		lim.MaxStoredBytes++
 		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutCreated)
+	})
+
+	t.Run("LimitsWhateverTheSpacing", func(t *testing.T) {
+		if opt.HeadCaps {
+			t.Skip("the backend caps the stored set's encoding")
+		}
+		// MaxStored envelopes fit however far apart their sequences are.
+		name := "ct/spread1"
+		claim(t, r.next(), name, tokA, t0)
+		const n, gap = 200, uint64(1) << 40
+		lim := MailboxLimits{MaxStored: n, MaxStoredBytes: 1 << 20}
+		for i := uint64(1); i <= n; i++ {
+			putLim(t, r.next(), name, store.DirP2C, i*gap, body(i*gap), lim, t0, PutCreated)
+		}
+		putLim(t, r.next(), name, store.DirP2C, (n+1)*gap, body((n+1)*gap), lim, t0, PutFull)
+		if h := state(t, r.next(), name, store.DirP2C); h.Count != n || len(h.Stored) != n {
+			t.Fatalf("head: count %d, %d runs", h.Count, len(h.Stored))
+		}
 	})
 
 	t.Run("Scan", func(t *testing.T) {

@@ -11,14 +11,23 @@ import (
 
 // TestMailboxContract runs the mailbox store contract over 3 nodes, one
 // Store per node, each call of a case through the next node. The head
-// keeps the rate buckets here, so that part of the contract runs too.
+// keeps the rate buckets here and writers race across nodes, so those
+// parts of the contract run too. The Store departs from the spec in two
+// ways the suite finds (each strict case fails with its flag off):
+// heartbeats within touchEvery are not persisted, and the head's byte
+// caps make a widely spread direction full early.
 func TestMailboxContract(t *testing.T) {
 	_, st := start(t)
 	hs := make([]storetest.Mailboxes, len(st))
 	for i, s := range st {
 		hs[i] = contract{s}
 	}
-	storetest.Mailbox(t, hs, storetest.MailboxOptions{RateBuckets: true, Concurrent: true})
+	storetest.Mailbox(t, hs, storetest.MailboxOptions{
+		RateBuckets:         true,
+		Concurrent:          true,
+		CoalescedHeartbeats: true,
+		HeadCaps:            true,
+	})
 }
 
 // contract adapts a Store to storetest.Mailboxes: the same calls, with the
