@@ -32,8 +32,9 @@ type Mailboxes interface {
 	Mailbox(ctx context.Context, name string) (store.MailboxRecord, error)
 	// Claim creates the mailbox for token (or takes over one idle for
 	// longer than idle), or answers whether token holds it; a holder's
-	// claim moves LastActive once touchEvery has passed since the stored
-	// value.
+	// claim moves LastActive to now (a backend that declares
+	// CoalescedHeartbeats only once touchEvery has passed since the
+	// stored value).
 	Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, error)
 	// Touch moves LastActive forward to now (never back, never creates).
 	Touch(ctx context.Context, name string, now int64) error
