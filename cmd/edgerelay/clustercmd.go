@@ -98,7 +98,7 @@ func withClusterClient(fn func(context.Context, *cluster.Cluster) error) error {
 	host, _ := os.Hostname()
 	c, err := cluster.Open(ctx, cluster.Config{
 		NodeName: "edgerelay-cli-" + host, URLs: cfg.Cluster.URLs, CredsFile: cfg.Cluster.CredsFile,
-		TLSCA: cfg.Cluster.TLSCA, Replicas: cfg.Cluster.Replicas,
+		TLSCA: cfg.Cluster.TLSCA, Replicas: cfg.Cluster.Replicas, Client: true,
 	}, nil)
 	if err != nil {
 		return err

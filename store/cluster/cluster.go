@@ -44,6 +44,9 @@ type Config struct {
 	Embed *natsembed.Config
 	// Replicas of every stream and bucket (RELAY_NATS_REPLICAS).
 	Replicas int
+	// Client is a command (edgerelay cluster ...), not a node: it keeps no
+	// liveness record, so no node ever takes it for one of theirs.
+	Client bool
 }
 
 // Timeouts of one operation on the shared store. A write that has not been
@@ -73,6 +76,7 @@ type Cluster struct {
 	js          jetstream.JetStream
 	log         *slog.Logger
 	nodes       jetstream.KeyValue // er_nodes: liveness (nodes.go)
+	client      bool               // Config.Client
 
 	// down is why the shared store cannot take writes right now (an error
 	// wrapping store.ErrUnavailable), or nil while it can.
@@ -108,7 +112,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	inc := make([]byte, 8)
 	_, _ = rand.Read(inc)
 	c := &Cluster{
-		node: cfg.NodeName, incarnation: hex.EncodeToString(inc), replicas: cfg.Replicas,
+		node: cfg.NodeName, incarnation: hex.EncodeToString(inc), replicas: cfg.Replicas, client: cfg.Client,
 		log: log, stop: make(chan struct{}), logs: logLimit{every: logEvery},
 	}
 	c.setDown(fmt.Errorf("%w: not connected to NATS yet", store.ErrUnavailable))
@@ -231,6 +235,14 @@ func (c *Cluster) probe(ctx context.Context) error {
 			return c.unreachable("JetStream does not answer", err)
 		}
 		c.nodes = kv
+	}
+	if c.client {
+		// A command writes nothing of its own: the config stream's leader
+		// answering is enough to go on (its first write tells the rest).
+		if _, err := c.js.Stream(ctx, "KV_"+configBucket); err != nil {
+			return c.unreachable("no JetStream quorum", err)
+		}
+		return nil
 	}
 	if _, err := c.nodes.Put(ctx, c.node, []byte(c.incarnation)); err != nil {
 		return c.unreachable("no JetStream quorum (a write was not acknowledged)", err)
@@ -379,4 +391,14 @@ func (c *Cluster) Writable(op string) error {
 		return Fail(op, err)
 	}
 	return nil
+}
+
+// EmbeddedAddr is the client address of the embedded nats-server, where
+// other nodes' commands (edgerelay cluster ...) connect; "" for a node of
+// an external NATS cluster.
+func (c *Cluster) EmbeddedAddr() string {
+	if c.embed == nil {
+		return ""
+	}
+	return c.embed.ClientAddr()
 }

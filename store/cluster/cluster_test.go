@@ -167,3 +167,29 @@ func TestClusterNodeLiveness(t *testing.T) {
 		t.Fatalf("restarted node 2: alive %v, %v", ok, err)
 	}
 }
+
+// A command-line client of the cluster is no node: it works on the shared
+// state but leaves no liveness record.
+func TestClusterClientKeepsNoLivenessRecord(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	ctx := clustertest.Context(t)
+	addr := "nats://" + nodes.Node(0).EmbeddedAddr()
+	cli, err := cluster.Open(ctx, cluster.Config{NodeName: "edgerelay-cli-test", URLs: []string{addr}, Replicas: 3, Client: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if err := cli.Agree(ctx, []cluster.Setting{{Name: "RELAY_APPS", Value: "notes"}}); err != nil {
+		t.Fatalf("a client writes the shared state: %v", err)
+	}
+	kv, err := nodes.Node(0).Bucket(ctx, cluster.BucketConfig{Name: "er_nodes", MaxAge: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, "edgerelay-cli-test"); !cluster.Absent(err) {
+		t.Fatalf("the client left a liveness record: %v", err)
+	}
+	if _, err := kv.Get(ctx, "n0"); err != nil {
+		t.Fatalf("the node's own liveness record: %v", err)
+	}
+}
