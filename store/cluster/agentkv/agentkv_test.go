@@ -20,27 +20,10 @@ import (
 // open returns one agent store per running node of nodes.
 func open(t *testing.T, nodes *clustertest.Nodes) []*Store {
 	t.Helper()
-	var out []*Store
-	for i := range nodes.Len() {
-		if nodes.Node(i) == nil {
-			continue
-		}
-		s, err := New(clustertest.Context(t), nodes.Node(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	return out
+	return clustertest.Open(t, nodes, New)
 }
 
-func asRecords(ss []*Store) []store.AgentRecords {
-	out := make([]store.AgentRecords, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
+func asRecords(ss []*Store) []store.AgentRecords { return clustertest.As[store.AgentRecords](ss) }
 
 func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }
 

@@ -19,26 +19,11 @@ import (
 // open returns one claim store per running node of nodes.
 func open(t *testing.T, nodes *clustertest.Nodes) []*Claims {
 	t.Helper()
-	var out []*Claims
-	for i := range nodes.Len() {
-		if nodes.Node(i) == nil {
-			continue
-		}
-		c, err := New(clustertest.Context(t), nodes.Node(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-	return out
+	return clustertest.Open(t, nodes, New)
 }
 
 func asStores(cs []*Claims) []store.ChannelClaimStore {
-	out := make([]store.ChannelClaimStore, len(cs))
-	for i, c := range cs {
-		out[i] = c
-	}
-	return out
+	return clustertest.As[store.ChannelClaimStore](cs)
 }
 
 func hash(s string) store.Hash { return sha256.Sum256([]byte(s)) }

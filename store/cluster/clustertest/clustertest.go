@@ -136,3 +136,31 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// Open makes one backend per running node with open (a backend's New), in
+// node order, failing the test on an error.
+func Open[T any](t testing.TB, nodes *Nodes, open func(context.Context, *cluster.Cluster) (T, error)) []T {
+	t.Helper()
+	var out []T
+	for i := range nodes.Len() {
+		if nodes.Node(i) == nil {
+			continue
+		}
+		b, err := open(Context(t), nodes.Node(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// As is backends seen through the interface I they implement, for a
+// contract suite.
+func As[I, T any](backends []T) []I {
+	out := make([]I, len(backends))
+	for i, b := range backends {
+		out[i] = any(b).(I)
+	}
+	return out
+}
