@@ -151,7 +151,25 @@ type PutResult struct {
 	Outcome    PutOutcome
 	RetryAfter time.Duration // RateLimited: when a token is back
 	Push       bool          // Created with notify and a push token taken
+	// Foreground: Created with notify, and the reader was in the
+	// foreground as far as this node could tell at once: no push token
+	// was spent (the push sender asks Foreground again before sending).
+	Foreground bool
 }
+
+// MailboxStats are a backend's in-memory figures for /metrics. A backend
+// may report them by implementing MailboxStatsReporter.
+type MailboxStats struct {
+	// Loaded is how many mailboxes the node holds in memory.
+	Loaded int
+	// Envelope cache lookups and the bytes it holds (zero: no cache).
+	EnvelopeHits, EnvelopeMisses uint64
+	EnvelopeBytes                int
+}
+
+// MailboxStatsReporter is implemented by backends that keep mailboxes in
+// memory.
+type MailboxStatsReporter interface{ MailboxStats() MailboxStats }
 
 // MailboxLimits are the spec's per-mailbox bounds, given to a backend.
 type MailboxLimits struct {
