@@ -231,7 +231,15 @@ func (s *relayProc) signal(sig syscall.Signal, within time.Duration) int {
 }
 
 func (s *relayProc) kill() {
-	if s.cmd != nil && s.cmd.ProcessState == nil {
+	if s.exited == nil {
+		return
+	}
+	// Not cmd.ProcessState: the goroutine in Wait sets it, unsynchronized,
+	// when the process exits by itself (a refused start-up), and the race
+	// detector reports it. Kill of a process already gone does nothing.
+	select {
+	case <-s.exited:
+	default:
 		_ = s.cmd.Process.Kill()
 		<-s.exited
 	}
