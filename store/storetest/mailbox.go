@@ -15,163 +15,30 @@ import (
 	"edgerelay/store"
 )
 
-// Mailboxes is what the mailbox handler asks of its store once the
-// decisions move there (docs/cluster-mailbox.md, "Plan", steps 1 and 7):
-// the claim outcome, the PUT outcome, prune, erase, scan, state and the
-// push registration. It is shaped after store/cluster/mailboxjs, which has
-// it (through a thin adapter for the types below); the Pebble side does
-// not yet. The types here are meant to move into package store with the
-// interface. Watch is not part of it yet: Pebble's watch is the handler's
-// own replay and live path, so its shape is settled when that moves.
-//
-// name is "<app>/<id>", dir is store.DirP2C or store.DirC2P, now is unix
-// nanoseconds. Every failure that is not an answer (timeout, no quorum)
-// is store.ErrUnavailable.
-type Mailboxes interface {
-	// Mailbox reads the claim record; store.ErrNotFound when none.
-	Mailbox(ctx context.Context, name string) (store.MailboxRecord, error)
-	// Claim creates the mailbox for token (or takes over one idle for
-	// longer than idle), or answers whether token holds it; a holder's
-	// claim moves LastActive to now (a backend that declares
-	// CoalescedHeartbeats only once touchEvery has passed since the
-	// stored value).
-	Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, error)
-	// Touch moves LastActive forward to now (never back, never creates).
-	Touch(ctx context.Context, name string, now int64) error
-	// Put decides and stores one envelope (env's bytes 1..8 are seq).
-	Put(ctx context.Context, name string, dir byte, seq uint64, env []byte, lim MailboxLimits, now int64) (PutResult, error)
-	// Envelope returns one stored envelope's bytes and whether it exists.
-	Envelope(ctx context.Context, name string, dir byte, seq uint64) ([]byte, bool, error)
-	// Scan calls fn for every stored envelope above after, ascending,
-	// until fn returns false; env is fn's to keep. maxBytes (0: the
-	// backend's default) bounds one read from the backend, not the scan.
-	Scan(ctx context.Context, name string, dir byte, after uint64, maxBytes int, fn func(seq uint64, env []byte) bool) error
-	// State is the direction's head (HEAD …/<dir>).
-	State(ctx context.Context, name string, dir byte) (MailboxHead, error)
-	// Prune deletes every envelope at or below through and raises the
-	// pruned mark to through (never lowers it).
-	Prune(ctx context.Context, name string, dir byte, through uint64) error
-	// Erase removes the mailbox: claim, envelopes, marks, registrations.
-	Erase(ctx context.Context, name string) error
-	// PushRegistration reads the sealed registration; store.ErrNotFound
-	// when none.
-	PushRegistration(ctx context.Context, name string, dir byte) ([]byte, error)
-	SetPushRegistration(ctx context.Context, name string, dir byte, sealed []byte) error
-	DeletePushRegistration(ctx context.Context, name string, dir byte) error
-}
-
-// ClaimOutcome is the answer to a claim.
-type ClaimOutcome int
-
-const (
-	ClaimCreated ClaimOutcome = iota + 1 // 201
-	ClaimSame                            // 204
-	ClaimTaken                           // 409 taken
-)
-
-// PutOutcome is what a Put decided.
-type PutOutcome int
-
-const (
-	PutCreated     PutOutcome = iota + 1 // 201
-	PutRetry                             // 200: the same bytes were stored before
-	PutConflict                          // 409: other bytes were stored before
-	PutPruned                            // 409: at or below the pruned mark
-	PutFull                              // 507
-	PutRateLimited                       // 429
-	PutNoMailbox                         // 404: no claim (never, or erased meanwhile)
-)
-
-func (o PutOutcome) String() string {
-	names := [...]string{"?", "Created", "Retry", "Conflict", "Pruned", "Full", "RateLimited", "NoMailbox"}
-	if o < 0 || int(o) >= len(names) {
-		return fmt.Sprintf("PutOutcome(%d)", int(o))
-	}
-	return names[o]
-}
-
-// MailboxLimits are the per-direction bounds a Put is decided against.
-// Zero bursts mean no bucket (Pebble keeps its buckets in the handler).
-type MailboxLimits struct {
-	MaxStored, MaxStoredBytes int
-	EnvelopeBurst             int
-	EnvelopeEvery             time.Duration
-	PushBurst                 int
-	PushEvery                 time.Duration
-	Notify                    bool
-}
-
-// PutResult is a Put's answer.
-type PutResult struct {
-	Outcome    PutOutcome
-	RetryAfter time.Duration // RateLimited: when a token is back
-	Push       bool          // Created with Notify and a push token taken
-	Rev        uint64        // Created: the head's revision after the write
-}
-
-// MailboxHead is one direction's state. Rev identifies it: every change
-// (write, prune) moves it, so a node's cached head is current exactly
-// when its Rev equals the store's.
-type MailboxHead struct {
-	Rev          uint64
-	Max          uint64 // highest sequence stored since the last erase
-	Count, Bytes int
-	Pruned       uint64
-	Stored       []SeqRun // sorted, disjoint, inclusive
-}
-
-// SeqRun is the inclusive range [From, To] of stored sequences.
-type SeqRun struct{ From, To uint64 }
-
-// First is the lowest stored sequence (0: none); Last the highest.
-func (h MailboxHead) First() uint64 {
-	if len(h.Stored) == 0 {
-		return 0
-	}
-	return h.Stored[0].From
-}
-
-func (h MailboxHead) Last() uint64 {
-	if len(h.Stored) == 0 {
-		return 0
-	}
-	return h.Stored[len(h.Stored)-1].To
-}
-
-// Has reports whether seq is stored.
-func (h MailboxHead) Has(seq uint64) bool {
-	for _, r := range h.Stored {
-		if r.From <= seq && seq <= r.To {
-			return true
-		}
-	}
-	return false
-}
-
-// MailboxOptions select the optional parts of the contract.
+// MailboxOptions select the optional parts of the mailbox contract. The
+// zero value is the spec; each flag declares a departure a backend
+// documents, and skips the strict case that would fail on it.
 type MailboxOptions struct {
-	// RateBuckets: the backend keeps the envelope and push buckets
-	// (MailboxLimits' bursts) in the head, as the cluster does. Pebble
-	// keeps them in the handler and runs without.
-	RateBuckets bool
-	// Concurrent: the store decides calls racing on one mailbox itself
-	// (the cluster: writers on several nodes). Pebble's handler
-	// serializes them per mailbox before the store sees them.
+	// Concurrent: run the cases where calls race on one mailbox through
+	// every handle at once (claims, same-seq puts, puts against the count
+	// and burst bounds). A backend's answers must stay exact under them
+	// (the cluster: writers on several nodes). Off for a backend whose
+	// handler serializes a mailbox's calls before the store sees them.
 	Concurrent bool
-
-	// The two below are departures from the spec a backend may declare,
-	// which skip the strict cases (the zero value is the spec).
-	//
-	// CoalescedHeartbeats: a 204 claim within touchEvery of the stored
-	// LastActive writes nothing, so the idle timer runs from the stored
-	// value and a mailbox can expire up to touchEvery before RELAY_IDLE
+	// CoalescedHeartbeats: a 204 claim within TouchEvery of the stored
+	// last activity writes nothing, so the idle timer runs from the stored
+	// value and a mailbox can expire up to TouchEvery before RELAY_IDLE
 	// has passed since its last claim (mailboxjs).
 	CoalescedHeartbeats bool
 	// HeadCaps: a direction whose stored sequences are spread widely is
 	// full (507) before it holds MaxStored envelopes, because its stored
 	// set has a byte cap (mailboxjs: 146 envelopes when each is 2^40 above
-	// the last, 512 at a spacing of 100, 4,084 of 4,096 at 2).
+	// the last).
 	HeadCaps bool
+	// PerDirectionEnvelopeBucket: the envelope bucket is per direction
+	// rather than per mailbox (mailboxjs keeps it in each direction's
+	// head), so a mailbox whose two sides both write gets twice the rate.
+	PerDirectionEnvelopeBucket bool
 }
 
 // MailboxEnvelope is a well-formed envelope of seq carrying body.
@@ -182,368 +49,291 @@ func MailboxEnvelope(seq uint64, body string) []byte {
 	return append(e, make([]byte, 16)...) // the tag's room
 }
 
-// The contract's defaults: RELAY_IDLE, the claim's persist interval and
-// RELAY_MAX_STORED / RELAY_MAX_STORED_BYTES.
-const (
-	mbxIdle       = 720 * time.Hour
-	mbxTouchEvery = time.Hour
-)
+// MailboxTestLimits are limits the contract runs fast with: the spec's,
+// but with the stored bounds small enough to fill at their edge.
+func MailboxTestLimits() store.MailboxLimits {
+	l := store.DefaultMailboxLimits()
+	l.MaxStored, l.MaxStoredBytes = 300, 2<<20
+	return l.WithDefaults()
+}
 
-var mbxDefaultLimits = MailboxLimits{MaxStored: 4096, MaxStoredBytes: 32 << 20}
+// mbxLarge is the size of the contract's large envelopes (the spec's
+// largest envelope).
+const mbxLarge = 64 << 10
 
-// Mailbox runs the contract of Mailboxes. handles are views of one shared
-// state (Pebble: the same store N times; the cluster: one per node); the
-// calls of each case go through the handles in turn, and results are read
-// back through every handle. Every case uses its own mailbox names, so the
-// state needs no reset.
-func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
-	r := &rotor[Mailboxes]{hs: handles}
-	t0 := time.Now().UnixNano()
-	ctx := func(t *testing.T) context.Context {
-		c, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		t.Cleanup(cancel)
-		return c
+// checkMailboxLimits refuses limits the cases cannot run at their edges
+// in seconds.
+func checkMailboxLimits(t *testing.T, l store.MailboxLimits) {
+	t.Helper()
+	switch {
+	case l.MaxStored < 300 || l.MaxStored > 1000:
+		t.Fatalf("storetest: MaxStored %d: the contract needs 300 to 1000", l.MaxStored)
+	case l.MaxStoredBytes < 20*mbxLarge || l.MaxStoredBytes > 4<<20:
+		t.Fatalf("storetest: MaxStoredBytes %d: the contract needs 1.25 to 4 MiB", l.MaxStoredBytes)
+	case l.EnvelopeBurst > l.MaxStored || l.PushBurst > l.EnvelopeBurst:
+		t.Fatalf("storetest: bursts %d and %d: the contract needs push <= envelope <= MaxStored", l.PushBurst, l.EnvelopeBurst)
+	case l.TouchEvery < 2 || l.TouchEvery >= l.Idle:
+		t.Fatalf("storetest: TouchEvery %v against Idle %v", l.TouchEvery, l.Idle)
 	}
+}
+
+// Mailbox runs the contract of store.Mailboxes. handles are views of one
+// shared state (single node: the same object N times; the cluster: one
+// per node), all made with lim; the calls of each case go through the
+// handles in turn and results are read back through every handle. Time
+// is the suite's own (now starts at a fixed instant and moves only as a
+// case says), so the backends must take every time from their callers.
+// Every case uses its own mailbox names, so the state needs no reset;
+// ExpireIdle runs last, as it erases every mailbox idle at its now.
+//
+// A cluster backend may learn of an erase or a takeover on another node a
+// moment later (its caches): the cases that read such a change through
+// another handle poll for it, with a deadline.
+func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, opt MailboxOptions) {
+	lim = lim.WithDefaults()
+	checkMailboxLimits(t, lim)
+	s := &mbxSuite{r: &rotor[store.Mailboxes]{hs: handles}, n: len(handles), lim: lim, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	idle, touchEvery := int64(lim.Idle), int64(lim.TouchEvery)
+	t0 := s.t0
 	tokA, tokB := hash("mbx-token-a"), hash("mbx-token-b")
+	body := mbxBody
 
-	claim := func(t *testing.T, h Mailboxes, name string, tok store.Hash, now int64) ClaimOutcome {
-		t.Helper()
-		o, err := h.Claim(ctx(t), name, tok, now, mbxTouchEvery, mbxIdle)
+	t.Run("ClaimAndOpen", func(t *testing.T) {
+		c := s.box(t, "ct/claim1", tokA)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t0, store.ErrNotFound)
+		}
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		for range s.n {
+			h := s.r.next()
+			c.claimIs(h, tokA, t0+1, store.ClaimSame)
+			c.claimIs(h, tokB, t0+1, store.ClaimTaken)
+		}
+		for range s.n {
+			h := s.r.next()
+			c.openIs(h, tokA, t0+2, nil)
+			c.openIs(h, tokB, t0+2, store.ErrForbidden)
+			c.openIs(h, tokA, t0+2, nil) // a refused Open changed nothing
+		}
+		if got := c.open(s.r.next(), t0).Name(); got != "ct/claim1" {
+			t.Fatalf("Name: %q", got)
+		}
+		// Names the relay never makes are no mailbox.
+		for _, name := range []string{"ct", "ct/", "/x", "ct/a/b", "ct/a.b", "ct/a*"} {
+			if _, err := s.r.next().Open(s.ctx(t), []byte(name), tokA, t0); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("Open of %q: %v", name, err)
+			}
+		}
+		// The name may be the caller's scratch buffer.
+		buf := []byte("ct/claim2")
+		if o, err := s.r.next().Claim(s.ctx(t), buf, tokA, t0); err != nil || o != store.ClaimCreated {
+			t.Fatalf("claim: %v %v", o, err)
+		}
+		h, err := s.r.next().Open(s.ctx(t), buf, tokA, t0)
 		if err != nil {
-			t.Fatalf("claim %s: %v", name, err)
-		}
-		return o
-	}
-	putLim := func(t *testing.T, h Mailboxes, name string, dir byte, seq uint64, env []byte, lim MailboxLimits, now int64, want PutOutcome) PutResult {
-		t.Helper()
-		res, err := h.Put(ctx(t), name, dir, seq, env, lim, now)
-		if err != nil {
-			t.Fatalf("put %s %c %d: %v", name, dir, seq, err)
-		}
-		if res.Outcome != want {
-			t.Fatalf("put %s %c %d: %v, want %v", name, dir, seq, res.Outcome, want)
-		}
-		if res.Outcome != PutCreated && res.Push {
-			t.Fatalf("put %s %c %d: %v pushes", name, dir, seq, res.Outcome)
-		}
-		return res
-	}
-	put := func(t *testing.T, h Mailboxes, name string, dir byte, seq uint64, env []byte, want PutOutcome) PutResult {
-		t.Helper()
-		return putLim(t, h, name, dir, seq, env, mbxDefaultLimits, t0, want)
-	}
-	body := func(seq uint64) []byte { return MailboxEnvelope(seq, fmt.Sprint("m", seq)) }
-	state := func(t *testing.T, h Mailboxes, name string, dir byte) MailboxHead {
-		t.Helper()
-		s, err := h.State(ctx(t), name, dir)
-		if err != nil {
-			t.Fatalf("state %s %c: %v", name, dir, err)
-		}
-		return s
-	}
-	// scan lists the sequences above after, checking each envelope's bytes
-	// against want (nil: body).
-	scan := func(t *testing.T, h Mailboxes, name string, dir byte, after uint64, maxBytes int, want func(uint64) []byte) []uint64 {
-		t.Helper()
-		if want == nil {
-			want = body
-		}
-		var seqs []uint64
-		var kept [][]byte
-		err := h.Scan(ctx(t), name, dir, after, maxBytes, func(seq uint64, env []byte) bool {
-			seqs = append(seqs, seq)
-			kept = append(kept, env)
-			return true
-		})
-		if err != nil {
-			t.Fatalf("scan %s %c after %d: %v", name, dir, after, err)
-		}
-		// Checked after the scan: env is the callback's to keep, so a
-		// buffer reused by the backend shows here.
-		for i, seq := range seqs {
-			if !bytes.Equal(kept[i], want(seq)) {
-				t.Fatalf("scan %s %c: envelope %d has other bytes (%q)", name, dir, seq, kept[i])
-			}
-		}
-		return seqs
-	}
-	// headIs checks a direction's head through every handle.
-	headIs := func(t *testing.T, name string, dir byte, count, bytes int, pruned uint64, stored []SeqRun) MailboxHead {
-		t.Helper()
-		var h MailboxHead
-		for range handles {
-			h = state(t, r.next(), name, dir)
-			if h.Count != count || h.Bytes != bytes || h.Pruned != pruned || !slices.Equal(h.Stored, stored) {
-				t.Fatalf("head of %s %c: %+v, want count %d bytes %d pruned %d stored %v", name, dir, h, count, bytes, pruned, stored)
-			}
-		}
-		return h
-	}
-	envelopeIs := func(t *testing.T, name string, dir byte, seq uint64, want []byte) {
-		t.Helper()
-		for range handles {
-			got, ok, err := r.next().Envelope(ctx(t), name, dir, seq)
-			if err != nil {
-				t.Fatalf("envelope %s %c %d: %v", name, dir, seq, err)
-			}
-			if ok != (want != nil) || !bytes.Equal(got, want) {
-				t.Fatalf("envelope %s %c %d: %q %v, want %q", name, dir, seq, got, ok, want)
-			}
-		}
-	}
-	sizes := func(seqs ...uint64) int {
-		n := 0
-		for _, s := range seqs {
-			n += len(body(s))
-		}
-		return n
-	}
-
-	t.Run("Claim", func(t *testing.T) {
-		name := "ct/claim1"
-		if _, err := r.next().Mailbox(ctx(t), name); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("record before the claim: %v", err)
-		}
-		if o := claim(t, r.next(), name, tokA, t0); o != ClaimCreated {
-			t.Fatalf("first claim: %d", o)
-		}
-		recordIs := func(t *testing.T, tok store.Hash, active int64) {
-			t.Helper()
-			for range handles {
-				rec, err := r.next().Mailbox(ctx(t), name)
-				if err != nil || rec.Token != tok || rec.LastActive != active {
-					t.Fatalf("record %+v %v, want token %x active %d", rec, err, tok[:4], active)
-				}
-			}
-		}
-		recordIs(t, tokA, t0)
-		// Within touchEvery a heartbeat is answered without a write; at
-		// touchEvery it moves LastActive.
-		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)-1); o != ClaimSame {
-			t.Fatalf("same token: %d", o)
-		}
-		if opt.CoalescedHeartbeats {
-			recordIs(t, tokA, t0)
-		} else {
-			recordIs(t, tokA, t0+int64(mbxTouchEvery)-1)
-		}
-		if o := claim(t, r.next(), name, tokA, t0+int64(mbxTouchEvery)); o != ClaimSame {
-			t.Fatalf("same token at touchEvery: %d", o)
-		}
-		recordIs(t, tokA, t0+int64(mbxTouchEvery))
-		for range handles {
-			if o := claim(t, r.next(), name, tokB, t0+int64(mbxTouchEvery)); o != ClaimTaken {
-				t.Fatalf("other token: %d", o)
-			}
-		}
-		recordIs(t, tokA, t0+int64(mbxTouchEvery))
-	})
-
-	t.Run("Touch", func(t *testing.T) {
-		name := "ct/touch1"
-		claim(t, r.next(), name, tokA, t0)
-		activeIs := func(t *testing.T, want int64) {
-			t.Helper()
-			for range handles {
-				if rec, err := r.next().Mailbox(ctx(t), name); err != nil || rec.LastActive != want {
-					t.Fatalf("record %+v %v, want active %d", rec, err, want)
-				}
-			}
-		}
-		if err := r.next().Touch(ctx(t), name, t0+5); err != nil {
 			t.Fatal(err)
 		}
-		activeIs(t, t0+5)
-		if err := r.next().Touch(ctx(t), name, t0+2); err != nil { // never back
-			t.Fatal(err)
+		copy(buf, "xx/xxxxxx")
+		if h.Name() != "ct/claim2" {
+			t.Fatalf("Name after the caller's buffer changed: %q", h.Name())
 		}
-		activeIs(t, t0+5)
-		if err := r.next().Touch(ctx(t), "ct/touch-none", t0); err != nil {
-			t.Fatalf("touch of no mailbox: %v", err)
-		}
-		if _, err := r.next().Mailbox(ctx(t), "ct/touch-none"); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("touch created a mailbox: %v", err)
-		}
+		h.Release()
 	})
 
 	t.Run("ClaimOfAnIdleMailbox", func(t *testing.T) {
-		name := "ct/idle1"
-		claim(t, r.next(), name, tokA, t0)
-		writer := r.next() // it wrote, so it may hold the head
-		put(t, writer, name, store.DirP2C, 1, body(1), PutCreated)
-		if err := r.next().SetPushRegistration(ctx(t), name, store.DirC2P, []byte("sealed")); err != nil {
+		c := s.box(t, "ct/idle1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		writer := s.r.next() // it wrote, so it may keep the head
+		c.putAt(writer, store.DirP2C, 1, body(1), t0, store.PutCreated)
+		if err := c.open(s.r.next(), t0).SetPushRegistration(s.ctx(t), store.DirC2P, []byte("sealed")); err != nil {
 			t.Fatal(err)
 		}
-		// At exactly idle it is alive; one nanosecond past it is gone and
-		// the new holder finds it empty.
-		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)); o != ClaimTaken {
-			t.Fatalf("claim at idle: %d", o)
+		// At exactly idle it is alive; one nanosecond past it is gone.
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t0+idle, nil)
 		}
-		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)+1); o != ClaimCreated {
-			t.Fatalf("claim past idle: %d", o)
+		c.claimIs(s.r.next(), tokB, t0+idle, store.ClaimTaken)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t0+idle+1, store.ErrNotFound)
+			c.openIs(s.r.next(), tokB, t0+idle+1, store.ErrNotFound)
 		}
-		for range handles {
-			h := r.next()
-			if rec, err := h.Mailbox(ctx(t), name); err != nil || rec.Token != tokB {
-				t.Fatalf("record after the takeover: %+v %v", rec, err)
-			}
-			if got := scan(t, h, name, store.DirP2C, 0, 0, nil); len(got) != 0 {
+		c.claimIs(s.r.next(), tokB, t0+idle+1, store.ClaimCreated)
+		c.tok = tokB
+		for range s.n {
+			h := s.r.next()
+			c.eventually(func() error { return c.openErr(h, tokA, t0+idle+1, store.ErrForbidden) })
+			m := c.openAt(h, t0+idle+1)
+			if got := c.scan(m, store.DirP2C, 0, nil); len(got) != 0 {
 				t.Fatalf("the old holder's envelopes survived: %v", got)
 			}
-			if _, err := h.PushRegistration(ctx(t), name, store.DirC2P); !errors.Is(err, store.ErrNotFound) {
+			if _, err := m.PushRegistration(s.ctx(t), store.DirC2P); !errors.Is(err, store.ErrNotFound) {
 				t.Fatalf("the old holder's registration survived: %v", err)
 			}
 		}
-		put(t, writer, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), PutCreated)
-		envelopeIs(t, name, store.DirP2C, 1, MailboxEnvelope(1, "new holder"))
+		c.stateIs(store.DirP2C, store.DirectionState{})
+		c.putAt(writer, store.DirP2C, 1, MailboxEnvelope(1, "new holder"), t0+idle+1, store.PutCreated)
+		c.envelopeIs(store.DirP2C, 1, MailboxEnvelope(1, "new holder"))
 
 		// Its own holder, back after idle, gets a new mailbox too.
-		name = "ct/idle3"
-		claim(t, r.next(), name, tokA, t0)
-		put(t, writer, name, store.DirC2P, 1, body(1), PutCreated)
-		if o := claim(t, r.next(), name, tokA, t0+int64(mbxIdle)+1); o != ClaimCreated {
-			t.Fatalf("the holder's claim past idle: %d", o)
-		}
-		envelopeIs(t, name, store.DirC2P, 1, nil)
-		headIs(t, name, store.DirC2P, 0, 0, 0, nil)
-		put(t, writer, name, store.DirC2P, 1, MailboxEnvelope(1, "again"), PutCreated)
+		c = s.box(t, "ct/idle3", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.putAt(writer, store.DirC2P, 1, body(1), t0, store.PutCreated)
+		c.claimIs(s.r.next(), tokA, t0+idle+1, store.ClaimCreated)
+		c.now = t0 + idle + 1
+		c.envelopeIs(store.DirC2P, 1, nil)
+		c.stateIs(store.DirC2P, store.DirectionState{})
+		c.putAt(writer, store.DirC2P, 1, MailboxEnvelope(1, "again"), t0+idle+1, store.PutCreated)
 
-		// A write keeps a mailbox alive: the handler touches the record
-		// with it (once per touchEvery).
-		name = "ct/idle2"
-		claim(t, r.next(), name, tokA, t0)
-		putLim(t, r.next(), name, store.DirC2P, 1, body(1), mbxDefaultLimits, t0+int64(mbxIdle), PutCreated)
-		if err := r.next().Touch(ctx(t), name, t0+int64(mbxIdle)); err != nil {
-			t.Fatal(err)
+		// A write keeps a mailbox alive, through every node.
+		c = s.box(t, "ct/idle2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.putAt(s.r.next(), store.DirC2P, 1, body(1), t0+idle, store.PutCreated)
+		c.claimIs(s.r.next(), tokB, t0+idle+1, store.ClaimTaken)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t0+2*idle, nil)
+			c.openIs(s.r.next(), tokA, t0+2*idle+1, store.ErrNotFound)
 		}
-		if o := claim(t, r.next(), name, tokB, t0+int64(mbxIdle)+1); o != ClaimTaken {
-			t.Fatalf("claim of a mailbox kept by a write: %d", o)
-		}
-		if o := claim(t, r.next(), name, tokA, t0+int64(mbxIdle)+1); o != ClaimSame {
-			t.Fatalf("holder's claim of a mailbox kept by a write: %d", o)
+		// A heartbeat TouchEvery after the write moves it on again.
+		c.claimIs(s.r.next(), tokA, t0+idle+touchEvery, store.ClaimSame)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t0+2*idle+touchEvery, nil)
+			c.openIs(s.r.next(), tokA, t0+2*idle+touchEvery+1, store.ErrNotFound)
 		}
 	})
 
 	t.Run("HeartbeatRestartsIdle", func(t *testing.T) {
 		if opt.CoalescedHeartbeats {
-			t.Skip("the backend coalesces heartbeats within touchEvery")
+			t.Skip("the backend coalesces heartbeats within TouchEvery")
 		}
 		// "204 … restarts the idle timer": idle runs from the last claim,
 		// however soon after the one before it came.
-		name := "ct/heartbeat1"
-		claim(t, r.next(), name, tokA, t0)
-		t1 := t0 + int64(mbxTouchEvery)/2
-		if o := claim(t, r.next(), name, tokA, t1); o != ClaimSame {
-			t.Fatalf("heartbeat: %d", o)
+		c := s.box(t, "ct/heartbeat1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		t1 := t0 + touchEvery/2
+		c.claimIs(s.r.next(), tokA, t1, store.ClaimSame)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t1+idle, nil)
 		}
-		if o := claim(t, r.next(), name, tokB, t1+int64(mbxIdle)); o != ClaimTaken {
-			t.Fatalf("claim at idle after the heartbeat: %d", o)
+		c.claimIs(s.r.next(), tokB, t1+idle, store.ClaimTaken)
+		c.claimIs(s.r.next(), tokB, t1+idle+1, store.ClaimCreated)
+	})
+
+	t.Run("HeartbeatAtTouchEvery", func(t *testing.T) {
+		// Even coalesced, a heartbeat TouchEvery after the claim moves the
+		// idle timer, seen through every node.
+		c := s.box(t, "ct/heartbeat2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		t1 := t0 + touchEvery
+		c.claimIs(s.r.next(), tokA, t1, store.ClaimSame)
+		for range s.n {
+			c.openIs(s.r.next(), tokA, t1+idle, nil)
 		}
-		if o := claim(t, r.next(), name, tokB, t1+int64(mbxIdle)+1); o != ClaimCreated {
-			t.Fatalf("claim past idle after the heartbeat: %d", o)
-		}
+		c.claimIs(s.r.next(), tokB, t1+idle, store.ClaimTaken)
+		c.claimIs(s.r.next(), tokB, t1+idle+1, store.ClaimCreated)
 	})
 
 	t.Run("PutOutcomes", func(t *testing.T) {
-		name := "ct/put1"
-		for range handles {
-			put(t, r.next(), name, store.DirP2C, 1, body(1), PutNoMailbox)
+		c := s.box(t, "ct/put1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.stateIs(store.DirP2C, store.DirectionState{})
+		if res := c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutCreated); res.Push {
+			t.Fatal("a put without notify pushes")
 		}
-		claim(t, r.next(), name, tokA, t0)
-		headIs(t, name, store.DirP2C, 0, 0, 0, nil)
-		res := put(t, r.next(), name, store.DirP2C, 1, body(1), PutCreated)
-		if res.Push {
-			t.Fatal("a put without Notify pushes")
+		for range s.n {
+			c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutRetry)
+			c.put(s.r.next(), store.DirP2C, 1, MailboxEnvelope(1, "other"), store.PutConflict)
 		}
-		for range handles {
-			put(t, r.next(), name, store.DirP2C, 1, body(1), PutRetry)
-			put(t, r.next(), name, store.DirP2C, 1, MailboxEnvelope(1, "other"), PutConflict)
-		}
-		envelopeIs(t, name, store.DirP2C, 1, body(1))
-		headIs(t, name, store.DirP2C, 1, sizes(1), 0, []SeqRun{{1, 1}})
+		c.envelopeIs(store.DirP2C, 1, body(1))
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 1, Bytes: mbxSizes(1), First: 1, Last: 1})
 		// The other direction is its own.
-		headIs(t, name, store.DirC2P, 0, 0, 0, nil)
-		envelopeIs(t, name, store.DirC2P, 1, nil)
-		put(t, r.next(), name, store.DirC2P, 1, MailboxEnvelope(1, "c2p"), PutCreated)
-		envelopeIs(t, name, store.DirC2P, 1, MailboxEnvelope(1, "c2p"))
-		envelopeIs(t, name, store.DirP2C, 1, body(1))
+		c.stateIs(store.DirC2P, store.DirectionState{})
+		c.envelopeIs(store.DirC2P, 1, nil)
+		c.put(s.r.next(), store.DirC2P, 1, MailboxEnvelope(1, "c2p"), store.PutCreated)
+		c.envelopeIs(store.DirC2P, 1, MailboxEnvelope(1, "c2p"))
+		c.envelopeIs(store.DirP2C, 1, body(1))
+		// AppendEnvelope appends.
+		out, ok, err := c.open(s.r.next(), t0).AppendEnvelope(s.ctx(t), []byte("prefix"), store.DirP2C, 1)
+		if err != nil || !ok || !bytes.Equal(out, append([]byte("prefix"), body(1)...)) {
+			t.Fatalf("AppendEnvelope: %q %v %v", out, ok, err)
+		}
+		out, ok, err = c.open(s.r.next(), t0).AppendEnvelope(s.ctx(t), []byte("prefix"), store.DirP2C, 2)
+		if err != nil || ok || string(out) != "prefix" {
+			t.Fatalf("AppendEnvelope of none: %q %v %v", out, ok, err)
+		}
 	})
 
 	t.Run("OutOfOrder", func(t *testing.T) {
-		name := "ct/ooo1"
-		claim(t, r.next(), name, tokA, t0)
+		c := s.box(t, "ct/ooo1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		for _, seq := range []uint64{1, 2, 5, 3} { // 3 below the max
-			put(t, r.next(), name, store.DirC2P, seq, body(seq), PutCreated)
+			c.put(s.r.next(), store.DirC2P, seq, body(seq), store.PutCreated)
 		}
-		h := headIs(t, name, store.DirC2P, 4, sizes(1, 2, 3, 5), 0, []SeqRun{{1, 3}, {5, 5}})
-		if h.Max != 5 || h.First() != 1 || h.Last() != 5 || h.Has(4) || !h.Has(3) {
-			t.Fatalf("head %+v", h)
-		}
-		envelopeIs(t, name, store.DirC2P, 3, body(3))
-		envelopeIs(t, name, store.DirC2P, 4, nil)
-		for range handles {
-			if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); !slices.Equal(got, []uint64{1, 2, 3, 5}) {
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 4, Bytes: mbxSizes(1, 2, 3, 5), First: 1, Last: 5})
+		c.envelopeIs(store.DirC2P, 3, body(3))
+		c.envelopeIs(store.DirC2P, 4, nil)
+		for range s.n {
+			if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 0, nil); !slices.Equal(got, []uint64{1, 2, 3, 5}) {
 				t.Fatalf("scan %v", got)
 			}
 		}
-		put(t, r.next(), name, store.DirC2P, 3, body(3), PutRetry)
-		put(t, r.next(), name, store.DirC2P, 3, MailboxEnvelope(3, "other"), PutConflict)
-		put(t, r.next(), name, store.DirC2P, 4, body(4), PutCreated)
-		headIs(t, name, store.DirC2P, 5, sizes(1, 2, 3, 4, 5), 0, []SeqRun{{1, 5}})
-		if got := scan(t, r.next(), name, store.DirC2P, 2, 0, nil); !slices.Equal(got, []uint64{3, 4, 5}) {
+		c.put(s.r.next(), store.DirC2P, 3, body(3), store.PutRetry)
+		c.put(s.r.next(), store.DirC2P, 3, MailboxEnvelope(3, "other"), store.PutConflict)
+		c.put(s.r.next(), store.DirC2P, 4, body(4), store.PutCreated)
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 5, Bytes: mbxSizes(1, 2, 3, 4, 5), First: 1, Last: 5})
+		if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 2, nil); !slices.Equal(got, []uint64{3, 4, 5}) {
 			t.Fatalf("scan after 2: %v", got)
 		}
 		// A hole far below the max, then the max moves on.
-		put(t, r.next(), name, store.DirC2P, 9, body(9), PutCreated)
-		put(t, r.next(), name, store.DirC2P, 7, body(7), PutCreated)
-		put(t, r.next(), name, store.DirC2P, 10, body(10), PutCreated)
-		if got := scan(t, r.next(), name, store.DirC2P, 4, 0, nil); !slices.Equal(got, []uint64{5, 7, 9, 10}) {
+		for _, seq := range []uint64{9, 7, 10} {
+			c.put(s.r.next(), store.DirC2P, seq, body(seq), store.PutCreated)
+		}
+		if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 4, nil); !slices.Equal(got, []uint64{5, 7, 9, 10}) {
 			t.Fatalf("scan after 4: %v", got)
 		}
 	})
 
 	t.Run("Limits", func(t *testing.T) {
 		// Count: at the bound stored, one past full and nothing stored.
-		name := "ct/count1"
-		claim(t, r.next(), name, tokA, t0)
-		lim := MailboxLimits{MaxStored: 3, MaxStoredBytes: 1 << 20}
-		for seq := uint64(1); seq <= 3; seq++ {
-			putLim(t, r.next(), name, store.DirP2C, seq, body(seq), lim, t0, PutCreated)
+		c := s.box(t, "ct/count1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		bound := uint64(lim.MaxStored)
+		for seq := uint64(1); seq <= bound; seq++ {
+			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
 		}
-		for range handles {
-			putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutFull)
+		for range s.n {
+			c.put(s.r.next(), store.DirP2C, bound+1, body(bound+1), store.PutFull)
 		}
-		headIs(t, name, store.DirP2C, 3, sizes(1, 2, 3), 0, []SeqRun{{1, 3}})
-		envelopeIs(t, name, store.DirP2C, 4, nil)
+		c.stateIs(store.DirP2C, store.DirectionState{Count: lim.MaxStored, Bytes: mbxSizeRange(1, bound), First: 1, Last: bound})
+		c.envelopeIs(store.DirP2C, bound+1, nil)
 		// A full direction still answers retries and conflicts as such.
-		putLim(t, r.next(), name, store.DirP2C, 2, body(2), lim, t0, PutRetry)
-		putLim(t, r.next(), name, store.DirP2C, 2, MailboxEnvelope(2, "other"), lim, t0, PutConflict)
+		c.put(s.r.next(), store.DirP2C, 2, body(2), store.PutRetry)
+		c.put(s.r.next(), store.DirP2C, 2, MailboxEnvelope(2, "other"), store.PutConflict)
+		// The other direction has its own bound.
+		c.put(s.r.next(), store.DirC2P, 1, body(1), store.PutCreated)
 		// A prune frees room: one more fits, then full again.
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 1); err != nil {
-			t.Fatal(err)
-		}
-		putLim(t, r.next(), name, store.DirP2C, 1, body(1), lim, t0, PutPruned) // the mark before 507
-		putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutCreated)
-		putLim(t, r.next(), name, store.DirP2C, 5, body(5), lim, t0, PutFull)
-		headIs(t, name, store.DirP2C, 3, sizes(2, 3, 4), 1, []SeqRun{{2, 4}})
+		c.prune(s.r.next(), store.DirP2C, 1)
+		c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutPruned) // the mark before 507
+		c.put(s.r.next(), store.DirP2C, bound+1, body(bound+1), store.PutCreated)
+		c.put(s.r.next(), store.DirP2C, bound+2, body(bound+2), store.PutFull)
+		c.stateIs(store.DirP2C, store.DirectionState{Count: lim.MaxStored, Bytes: mbxSizeRange(2, bound+1), First: 2, Last: bound + 1, Pruned: 1})
 
-		// Bytes: exactly at the bound stored, one byte past full.
-		name = "ct/bytes1"
-		claim(t, r.next(), name, tokA, t0)
-		e1, e2 := MailboxEnvelope(1, "abcd"), MailboxEnvelope(2, "abcde")
-		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: len(e1) + len(e2)}
-		putLim(t, r.next(), name, store.DirC2P, 1, e1, lim, t0, PutCreated)
-		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutCreated)
-		for range handles {
-			putLim(t, r.next(), name, store.DirC2P, 3, MailboxEnvelope(3, ""), lim, t0, PutFull)
+		// Bytes: exactly at the bound stored; one byte past full (the
+		// smallest envelope is 25 bytes, so 24 short of the bound).
+		for _, room := range []int{0, 24} {
+			c = s.box(t, fmt.Sprint("ct/bytes", room), tokA)
+			c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+			last := c.fill(store.DirC2P, lim.MaxStoredBytes-room)
+			for range s.n {
+				c.put(s.r.next(), store.DirC2P, last+1, mbxSized(last+1, 25), store.PutFull)
+			}
+			c.stateIs(store.DirC2P, store.DirectionState{Count: int(last), Bytes: lim.MaxStoredBytes - room, First: 1, Last: last})
+			// A prune frees exactly what it removed.
+			c.prune(s.r.next(), store.DirC2P, 1)
+			first := mbxSized(1, min(mbxLarge, lim.MaxStoredBytes-room))
+			c.put(s.r.next(), store.DirC2P, last+1, mbxSized(last+1, len(first)+room+1), store.PutFull)
+			c.put(s.r.next(), store.DirC2P, last+1, mbxSized(last+1, len(first)+room), store.PutCreated)
+			c.stateIs(store.DirC2P, store.DirectionState{Count: int(last), Bytes: lim.MaxStoredBytes, First: 2, Last: last + 1, Pruned: 1})
 		}
-		headIs(t, name, store.DirC2P, 2, len(e1)+len(e2), 0, []SeqRun{{1, 2}})
-		name = "ct/bytes2"
-		claim(t, r.next(), name, tokA, t0)
-		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: len(e2) - 1}
-		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutFull) // one envelope past the bound
-		lim.MaxStoredBytes++
-		putLim(t, r.next(), name, store.DirC2P, 2, e2, lim, t0, PutCreated)
 	})
 
 	t.Run("LimitsWhateverTheSpacing", func(t *testing.T) {
@@ -551,275 +341,224 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 			t.Skip("the backend caps the stored set's encoding")
 		}
 		// MaxStored envelopes fit however far apart their sequences are.
-		name := "ct/spread1"
-		claim(t, r.next(), name, tokA, t0)
-		const n, gap = 200, uint64(1) << 40
-		lim := MailboxLimits{MaxStored: n, MaxStoredBytes: 1 << 20}
+		c := s.box(t, "ct/spread1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		n, gap := uint64(lim.MaxStored), uint64(1)<<40
 		for i := uint64(1); i <= n; i++ {
-			putLim(t, r.next(), name, store.DirP2C, i*gap, body(i*gap), lim, t0, PutCreated)
+			c.put(s.r.next(), store.DirP2C, i*gap, body(i*gap), store.PutCreated)
 		}
-		putLim(t, r.next(), name, store.DirP2C, (n+1)*gap, body((n+1)*gap), lim, t0, PutFull)
-		if h := state(t, r.next(), name, store.DirP2C); h.Count != n || len(h.Stored) != n {
-			t.Fatalf("head: count %d, %d runs", h.Count, len(h.Stored))
+		c.put(s.r.next(), store.DirP2C, (n+1)*gap, body((n+1)*gap), store.PutFull)
+		if st := c.state(s.r.next(), store.DirP2C); st.Count != lim.MaxStored || st.First != gap || st.Last != n*gap {
+			t.Fatalf("state %+v", st)
 		}
 	})
 
 	t.Run("Scan", func(t *testing.T) {
-		name := "ct/scan1"
-		claim(t, r.next(), name, tokA, t0)
+		c := s.box(t, "ct/scan1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		for seq := uint64(1); seq <= 12; seq++ {
-			if seq == 6 {
-				continue // filled below the max
+			if seq != 6 {
+				c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
 			}
-			put(t, r.next(), name, store.DirP2C, seq, body(seq), PutCreated)
 		}
-		put(t, r.next(), name, store.DirP2C, 6, body(6), PutCreated)
+		c.put(s.r.next(), store.DirP2C, 6, body(6), store.PutCreated) // below the max
 		all := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
-		one := len(body(10))
-		for _, maxBytes := range []int{0, 1, one, 3*one + 1, 1 << 20} {
-			for _, after := range []uint64{0, 1, 5, 6, 11, 12, 100} {
-				want := all[min(int(after), len(all)):]
-				if got := scan(t, r.next(), name, store.DirP2C, after, maxBytes, nil); !slices.Equal(got, want) {
-					t.Fatalf("scan after %d, maxBytes %d: %v, want %v", after, maxBytes, got, want)
-				}
+		for _, after := range []uint64{0, 1, 5, 6, 11, 12, 100} {
+			want := all[min(int(after), len(all)):]
+			if got := c.scan(c.open(s.r.next(), t0), store.DirP2C, after, nil); !slices.Equal(got, want) {
+				t.Fatalf("scan after %d: %v, want %v", after, got, want)
 			}
 		}
 		// fn stops it at once.
 		var got []uint64
-		err := r.next().Scan(ctx(t), name, store.DirP2C, 2, one, func(seq uint64, env []byte) bool {
+		err := c.open(s.r.next(), t0).Scan(s.ctx(t), store.DirP2C, 2, func(seq uint64, env []byte) bool {
 			got = append(got, seq)
 			return len(got) < 3
 		})
 		if err != nil || !slices.Equal(got, []uint64{3, 4, 5}) {
 			t.Fatalf("stopped scan: %v %v", got, err)
 		}
-		// Nothing to list: an empty direction, a mailbox that never was.
-		if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); len(got) != 0 {
+		if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 0, nil); len(got) != 0 {
 			t.Fatalf("empty direction: %v", got)
 		}
-		if got := scan(t, r.next(), "ct/scan-none", store.DirC2P, 0, 0, nil); len(got) != 0 {
-			t.Fatalf("no mailbox: %v", got)
+		for _, seq := range []uint64{1, 6, 12} {
+			c.hasIs(store.DirP2C, seq, true)
+		}
+		for _, seq := range []uint64{0, 13, 1 << 40} {
+			c.hasIs(store.DirP2C, seq, false)
+		}
+	})
+
+	t.Run("ScanLongAndLarge", func(t *testing.T) {
+		// More envelopes than one read returns, and envelopes whose sum is
+		// over a read's byte bound.
+		c := s.box(t, "ct/scan2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		const many = 300
+		want := make([]uint64, many)
+		for i := range want {
+			want[i] = uint64(i + 1)
+			c.put(s.r.next(), store.DirP2C, want[i], body(want[i]), store.PutCreated)
+		}
+		for _, after := range []uint64{0, 255, 256, 299} {
+			if got := c.scan(c.open(s.r.next(), t0), store.DirP2C, after, nil); !slices.Equal(got, want[after:]) {
+				t.Fatalf("scan after %d: %d envelopes, want %d", after, len(got), many-int(after))
+			}
+		}
+		large := func(seq uint64) []byte { return mbxSized(seq, mbxLarge) }
+		for seq := uint64(1); seq <= 20; seq++ {
+			c.put(s.r.next(), store.DirC2P, seq, large(seq), store.PutCreated)
+		}
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 20, Bytes: 20 * mbxLarge, First: 1, Last: 20})
+		if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 3, large); len(got) != 17 || got[0] != 4 || got[16] != 20 {
+			t.Fatalf("scan of large envelopes: %v", got)
 		}
 	})
 
 	t.Run("StateAndPrune", func(t *testing.T) {
-		name := "ct/prune1"
-		claim(t, r.next(), name, tokA, t0)
-		var res PutResult
+		c := s.box(t, "ct/prune1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		for _, seq := range []uint64{1, 2, 3, 5, 6, 4} {
-			res = put(t, r.next(), name, store.DirP2C, seq, body(seq), PutCreated)
+			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
 		}
-		h := headIs(t, name, store.DirP2C, 6, sizes(1, 2, 3, 4, 5, 6), 0, []SeqRun{{1, 6}})
-		if res.Rev == 0 || h.Rev != res.Rev || h.Max != 6 {
-			t.Fatalf("head %+v after a put of rev %d", h, res.Rev)
-		}
-		// Through 0 removes nothing.
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 0); err != nil {
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirP2C, 6, sizes(1, 2, 3, 4, 5, 6), 0, []SeqRun{{1, 6}})
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 6, Bytes: mbxSizes(1, 2, 3, 4, 5, 6), First: 1, Last: 6})
+		c.prune(s.r.next(), store.DirP2C, 0) // removes nothing
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 6, Bytes: mbxSizes(1, 2, 3, 4, 5, 6), First: 1, Last: 6})
 		// Through 4: the out-of-order 4 and the in-order ones below it go.
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 4); err != nil {
-			t.Fatal(err)
-		}
-		h2 := headIs(t, name, store.DirP2C, 2, sizes(5, 6), 4, []SeqRun{{5, 6}})
-		if h2.Rev == h.Rev {
-			t.Fatalf("a prune left the revision at %d", h.Rev)
-		}
-		for range handles {
-			if got := scan(t, r.next(), name, store.DirP2C, 0, 0, nil); !slices.Equal(got, []uint64{5, 6}) {
+		c.prune(s.r.next(), store.DirP2C, 4)
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 2, Bytes: mbxSizes(5, 6), First: 5, Last: 6, Pruned: 4})
+		for range s.n {
+			if got := c.scan(c.open(s.r.next(), t0), store.DirP2C, 0, nil); !slices.Equal(got, []uint64{5, 6}) {
 				t.Fatalf("scan after prune: %v", got)
 			}
 		}
 		for _, seq := range []uint64{1, 4} {
-			envelopeIs(t, name, store.DirP2C, seq, nil)
-			put(t, r.next(), name, store.DirP2C, seq, body(seq), PutPruned)
+			c.envelopeIs(store.DirP2C, seq, nil)
+			c.hasIs(store.DirP2C, seq, false)
+			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutPruned)
 		}
 		// A lower mark does not lower it.
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 2); err != nil {
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirP2C, 2, sizes(5, 6), 4, []SeqRun{{5, 6}})
-		put(t, r.next(), name, store.DirP2C, 3, body(3), PutPruned)
-		put(t, r.next(), name, store.DirP2C, 7, body(7), PutCreated)
+		c.prune(s.r.next(), store.DirP2C, 2)
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 2, Bytes: mbxSizes(5, 6), First: 5, Last: 6, Pruned: 4})
+		c.put(s.r.next(), store.DirP2C, 3, body(3), store.PutPruned)
+		c.put(s.r.next(), store.DirP2C, 7, body(7), store.PutCreated)
 		// Past the last: empty, and the mark holds above it.
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 100); err != nil {
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirP2C, 0, 0, 100, nil)
-		put(t, r.next(), name, store.DirP2C, 50, body(50), PutPruned)
-		put(t, r.next(), name, store.DirP2C, 100, body(100), PutPruned)
-		put(t, r.next(), name, store.DirP2C, 101, body(101), PutCreated)
-		headIs(t, name, store.DirP2C, 1, sizes(101), 100, []SeqRun{{101, 101}})
-		if got := scan(t, r.next(), name, store.DirP2C, 0, 0, nil); !slices.Equal(got, []uint64{101}) {
-			t.Fatalf("scan: %v", got)
-		}
+		c.prune(s.r.next(), store.DirP2C, 100)
+		c.stateIs(store.DirP2C, store.DirectionState{Pruned: 100})
+		c.put(s.r.next(), store.DirP2C, 50, body(50), store.PutPruned)
+		c.put(s.r.next(), store.DirP2C, 100, body(100), store.PutPruned)
+		c.put(s.r.next(), store.DirP2C, 101, body(101), store.PutCreated)
+		c.stateIs(store.DirP2C, store.DirectionState{Count: 1, Bytes: mbxSizes(101), First: 101, Last: 101, Pruned: 100})
 		// A direction never written keeps a mark too.
-		if err := r.next().Prune(ctx(t), name, store.DirC2P, 5); err != nil {
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirC2P, 0, 0, 5, nil)
-		put(t, r.next(), name, store.DirC2P, 5, body(5), PutPruned)
-		put(t, r.next(), name, store.DirC2P, 6, body(6), PutCreated)
-		headIs(t, name, store.DirC2P, 1, sizes(6), 5, []SeqRun{{6, 6}})
+		c.prune(s.r.next(), store.DirC2P, 5)
+		c.stateIs(store.DirC2P, store.DirectionState{Pruned: 5})
+		c.put(s.r.next(), store.DirC2P, 5, body(5), store.PutPruned)
+		c.put(s.r.next(), store.DirC2P, 6, body(6), store.PutCreated)
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 1, Bytes: mbxSizes(6), First: 6, Last: 6, Pruned: 5})
 	})
 
 	t.Run("PruneSeenByTheWriter", func(t *testing.T) {
-		// A handle that wrote (and may hold the head) answers from the
+		// A handle that wrote (and may keep the head) answers from the
 		// prune another handle made.
-		name := "ct/stale1"
-		claim(t, r.next(), name, tokA, t0)
-		writer := r.next()
+		c := s.box(t, "ct/stale1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		writer := s.r.next()
 		for seq := uint64(1); seq <= 3; seq++ {
-			put(t, writer, name, store.DirP2C, seq, body(seq), PutCreated)
+			c.put(writer, store.DirP2C, seq, body(seq), store.PutCreated)
 		}
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 2); err != nil {
-			t.Fatal(err)
-		}
-		put(t, writer, name, store.DirP2C, 2, body(2), PutPruned)
-		put(t, writer, name, store.DirP2C, 1, MailboxEnvelope(1, "other"), PutPruned)
-		put(t, writer, name, store.DirP2C, 3, body(3), PutRetry)
-		// Room freed elsewhere is room for the writer.
-		lim := MailboxLimits{MaxStored: 2, MaxStoredBytes: 1 << 20}
-		putLim(t, writer, name, store.DirP2C, 4, body(4), lim, t0, PutCreated)
-		putLim(t, writer, name, store.DirP2C, 5, body(5), lim, t0, PutFull)
-		if err := r.next().Prune(ctx(t), name, store.DirP2C, 3); err != nil {
-			t.Fatal(err)
-		}
-		putLim(t, writer, name, store.DirP2C, 5, body(5), lim, t0, PutCreated)
-		headIs(t, name, store.DirP2C, 2, sizes(4, 5), 3, []SeqRun{{4, 5}})
+		c.prune(s.r.next(), store.DirP2C, 2)
+		c.put(writer, store.DirP2C, 2, body(2), store.PutPruned)
+		c.put(writer, store.DirP2C, 1, MailboxEnvelope(1, "other"), store.PutPruned)
+		c.put(writer, store.DirP2C, 3, body(3), store.PutRetry)
+		c.hasIs(store.DirP2C, 2, false)
 	})
 
 	t.Run("PruneKeepingAnOutOfOrderFirst", func(t *testing.T) {
 		// The first envelope kept was written below the max: the bytes
 		// freed still come out exact.
-		name := "ct/prune2"
-		claim(t, r.next(), name, tokA, t0)
+		c := s.box(t, "ct/prune2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		for _, seq := range []uint64{1, 2, 8, 3, 5, 4, 9} { // 3, 4, 5 out of order
-			put(t, r.next(), name, store.DirC2P, seq, body(seq), PutCreated)
+			c.put(s.r.next(), store.DirC2P, seq, body(seq), store.PutCreated)
 		}
-		if err := r.next().Prune(ctx(t), name, store.DirC2P, 2); err != nil {
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirC2P, 5, sizes(3, 4, 5, 8, 9), 2, []SeqRun{{3, 5}, {8, 9}})
-		if err := r.next().Prune(ctx(t), name, store.DirC2P, 6); err != nil { // through a hole
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirC2P, 2, sizes(8, 9), 6, []SeqRun{{8, 9}})
-		put(t, r.next(), name, store.DirC2P, 7, body(7), PutCreated)
-		headIs(t, name, store.DirC2P, 3, sizes(7, 8, 9), 6, []SeqRun{{7, 9}})
-		if got := scan(t, r.next(), name, store.DirC2P, 0, 0, nil); !slices.Equal(got, []uint64{7, 8, 9}) {
+		c.prune(s.r.next(), store.DirC2P, 2)
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 5, Bytes: mbxSizes(3, 4, 5, 8, 9), First: 3, Last: 9, Pruned: 2})
+		c.prune(s.r.next(), store.DirC2P, 6) // through a hole
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 2, Bytes: mbxSizes(8, 9), First: 8, Last: 9, Pruned: 6})
+		c.put(s.r.next(), store.DirC2P, 7, body(7), store.PutCreated)
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 3, Bytes: mbxSizes(7, 8, 9), First: 7, Last: 9, Pruned: 6})
+		if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 0, nil); !slices.Equal(got, []uint64{7, 8, 9}) {
 			t.Fatalf("scan: %v", got)
 		}
-		if err := r.next().Prune(ctx(t), name, store.DirC2P, 8); err != nil { // the out-of-order 7 and the in-order 8
-			t.Fatal(err)
-		}
-		headIs(t, name, store.DirC2P, 1, sizes(9), 8, []SeqRun{{9, 9}})
-	})
-
-	t.Run("ScanLongAndLarge", func(t *testing.T) {
-		// More envelopes than one read returns, and envelopes whose sum
-		// is over any one read's byte bound.
-		name := "ct/scan2"
-		claim(t, r.next(), name, tokA, t0)
-		const many = 300
-		want := make([]uint64, many)
-		for i := range want {
-			want[i] = uint64(i + 1)
-			put(t, r.next(), name, store.DirP2C, want[i], body(want[i]), PutCreated)
-		}
-		for _, after := range []uint64{0, 255, 256, 299} {
-			if got := scan(t, r.next(), name, store.DirP2C, after, 0, nil); !slices.Equal(got, want[after:]) {
-				t.Fatalf("scan after %d: %d envelopes, want %d", after, len(got), many-int(after))
-			}
-		}
-		large := func(seq uint64) []byte { return MailboxEnvelope(seq, strings.Repeat(fmt.Sprint(seq%10), 65536-25)) }
-		for seq := uint64(1); seq <= 20; seq++ {
-			put(t, r.next(), name, store.DirC2P, seq, large(seq), PutCreated)
-		}
-		headIs(t, name, store.DirC2P, 20, 20*65536, 0, []SeqRun{{1, 20}})
-		for _, maxBytes := range []int{0, 1, 65536, 100 << 10} {
-			if got := scan(t, r.next(), name, store.DirC2P, 3, maxBytes, large); len(got) != 17 || got[0] != 4 || got[16] != 20 {
-				t.Fatalf("scan of large envelopes, maxBytes %d: %v", maxBytes, got)
-			}
-		}
+		c.prune(s.r.next(), store.DirC2P, 8) // the out-of-order 7 and the in-order 8
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 1, Bytes: mbxSizes(9), First: 9, Last: 9, Pruned: 8})
 	})
 
 	t.Run("Erase", func(t *testing.T) {
-		name := "ct/erase1"
-		claim(t, r.next(), name, tokA, t0)
-		writer := r.next() // it wrote last, so it may hold the head
+		c := s.box(t, "ct/erase1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		writer := s.r.next() // it wrote last, so it may keep the head
+		held := c.open(writer, t0)
 		for seq := uint64(1); seq <= 3; seq++ {
-			put(t, writer, name, store.DirP2C, seq, body(seq), PutCreated)
-			put(t, writer, name, store.DirC2P, seq, body(seq), PutCreated)
+			c.put(writer, store.DirP2C, seq, body(seq), store.PutCreated)
+			c.put(writer, store.DirC2P, seq, body(seq), store.PutCreated)
 		}
-		if err := writer.Prune(ctx(t), name, store.DirC2P, 2); err != nil {
-			t.Fatal(err)
-		}
+		c.prune(writer, store.DirC2P, 2)
 		for _, dir := range []byte{store.DirP2C, store.DirC2P} {
-			if err := writer.SetPushRegistration(ctx(t), name, dir, []byte("sealed")); err != nil {
+			if err := held.SetPushRegistration(s.ctx(t), dir, []byte("sealed")); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := r.next().Erase(ctx(t), name); err != nil {
+		if err := c.open(s.r.next(), t0).Erase(s.ctx(t)); err != nil {
 			t.Fatal(err)
 		}
-		gone := func(t *testing.T) {
-			t.Helper()
-			for range handles {
-				h := r.next()
-				if _, err := h.Mailbox(ctx(t), name); !errors.Is(err, store.ErrNotFound) {
-					t.Fatalf("record after erase: %v", err)
-				}
-				for _, dir := range []byte{store.DirP2C, store.DirC2P} {
-					if _, err := h.PushRegistration(ctx(t), name, dir); !errors.Is(err, store.ErrNotFound) {
-						t.Fatalf("registration %c after erase: %v", dir, err)
-					}
-					if got := scan(t, h, name, dir, 0, 0, nil); len(got) != 0 {
-						t.Fatalf("scan %c after erase: %v", dir, got)
-					}
+		// Through a handle opened before: nothing is there.
+		for _, dir := range []byte{store.DirP2C, store.DirC2P} {
+			if _, err := held.PushRegistration(s.ctx(t), dir); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("registration %c after erase: %v", dir, err)
+			}
+			if got := c.scan(held, dir, 0, nil); len(got) != 0 {
+				t.Fatalf("scan %c after erase: %v", dir, got)
+			}
+			if st, err := held.State(s.ctx(t), dir); err != nil || st != (store.DirectionState{}) {
+				t.Fatalf("state %c after erase: %+v %v", dir, st, err)
+			}
+			if ok, err := held.HasEnvelope(s.ctx(t), dir, 3); err != nil || ok {
+				t.Fatalf("HasEnvelope %c after erase: %v %v", dir, ok, err)
+			}
+			for _, seq := range []uint64{1, 4} {
+				if res, err := held.Put(s.ctx(t), dir, seq, body(seq), false, t0); err != nil || res.Outcome != store.PutNoMailbox {
+					t.Fatalf("put %c %d after erase: %+v %v", dir, seq, res, err)
 				}
 			}
-			for _, dir := range []byte{store.DirP2C, store.DirC2P} {
-				headIs(t, name, dir, 0, 0, 0, nil)
-				envelopeIs(t, name, dir, 3, nil)
-			}
 		}
-		gone(t)
-		// The node that wrote last learns of the erase from the store.
-		put(t, writer, name, store.DirP2C, 4, body(4), PutNoMailbox)
-		put(t, writer, name, store.DirP2C, 1, body(1), PutNoMailbox)
-		for range handles {
-			put(t, r.next(), name, store.DirC2P, 4, body(4), PutNoMailbox)
+		for range s.n {
+			h := s.r.next()
+			c.eventually(func() error { return c.openErr(h, tokA, t0, store.ErrNotFound) })
 		}
-		gone(t)
-		if err := r.next().Erase(ctx(t), name); err != nil {
+		if err := held.Erase(s.ctx(t)); err != nil {
 			t.Fatalf("erase of an erased mailbox: %v", err)
 		}
 		// A new claim starts empty: no mark, no envelopes, any bytes.
-		if o := claim(t, r.next(), name, tokB, t0); o != ClaimCreated {
-			t.Fatalf("claim after erase: %d", o)
-		}
+		c.claimIs(s.r.next(), tokB, t0, store.ClaimCreated)
+		c.tok = tokB
 		fresh := func(seq uint64) []byte { return MailboxEnvelope(seq, "fresh") }
-		put(t, writer, name, store.DirP2C, 1, fresh(1), PutCreated)
-		put(t, writer, name, store.DirC2P, 1, fresh(1), PutCreated)
-		envelopeIs(t, name, store.DirP2C, 1, fresh(1))
-		headIs(t, name, store.DirC2P, 1, len(fresh(1)), 0, []SeqRun{{1, 1}})
-		if got := scan(t, r.next(), name, store.DirP2C, 0, 0, fresh); !slices.Equal(got, []uint64{1}) {
+		c.put(writer, store.DirP2C, 1, fresh(1), store.PutCreated)
+		c.put(writer, store.DirC2P, 1, fresh(1), store.PutCreated)
+		c.envelopeIs(store.DirP2C, 1, fresh(1))
+		c.stateIs(store.DirC2P, store.DirectionState{Count: 1, Bytes: len(fresh(1)), First: 1, Last: 1})
+		if got := c.scan(c.open(s.r.next(), t0), store.DirP2C, 0, fresh); !slices.Equal(got, []uint64{1}) {
 			t.Fatalf("scan after the new claim: %v", got)
-		}
-		if err := r.next().Erase(ctx(t), "ct/erase-none"); err != nil {
-			t.Fatalf("erase of no mailbox: %v", err)
 		}
 	})
 
 	t.Run("PushRegistration", func(t *testing.T) {
-		name := "ct/push1"
-		claim(t, r.next(), name, tokA, t0)
+		c := s.box(t, "ct/push1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		regIs := func(t *testing.T, dir byte, want string) {
 			t.Helper()
-			for range handles {
-				got, err := r.next().PushRegistration(ctx(t), name, dir)
+			for range s.n {
+				got, err := c.open(s.r.next(), t0).PushRegistration(s.ctx(t), dir)
 				if want == "" {
 					if !errors.Is(err, store.ErrNotFound) {
 						t.Fatalf("registration %c: %q %v, want none", dir, got, err)
@@ -831,179 +570,794 @@ func Mailbox(t *testing.T, handles []Mailboxes, opt MailboxOptions) {
 				}
 			}
 		}
-		regIs(t, store.DirC2P, "")
-		for _, v := range []string{"one", "two"} { // the second replaces the first
-			if err := r.next().SetPushRegistration(ctx(t), name, store.DirC2P, []byte(v)); err != nil {
+		reg := func(dir byte, v string) {
+			t.Helper()
+			if err := c.open(s.r.next(), t0).SetPushRegistration(s.ctx(t), dir, []byte(v)); err != nil {
 				t.Fatal(err)
 			}
+		}
+		drop := func(dir byte, sent string, want bool) {
+			t.Helper()
+			if ok, err := c.open(s.r.next(), t0).DropPushRegistration(s.ctx(t), dir, []byte(sent)); err != nil || ok != want {
+				t.Fatalf("drop %c of %q: %v %v, want %v", dir, sent, ok, err, want)
+			}
+		}
+		regIs(t, store.DirC2P, "")
+		for _, v := range []string{"one", "two"} { // the second replaces the first
+			reg(store.DirC2P, v)
 			regIs(t, store.DirC2P, v)
 		}
-		regIs(t, store.DirP2C, "")
-		if err := r.next().SetPushRegistration(ctx(t), name, store.DirP2C, []byte("p")); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.next().DeletePushRegistration(ctx(t), name, store.DirC2P); err != nil {
+		reg(store.DirP2C, "p")
+		if err := c.open(s.r.next(), t0).DeletePushRegistration(s.ctx(t), store.DirC2P); err != nil {
 			t.Fatal(err)
 		}
 		regIs(t, store.DirC2P, "")
 		regIs(t, store.DirP2C, "p")
-		if err := r.next().DeletePushRegistration(ctx(t), name, store.DirC2P); err != nil {
+		if err := c.open(s.r.next(), t0).DeletePushRegistration(s.ctx(t), store.DirC2P); err != nil {
 			t.Fatalf("delete of no registration: %v", err)
 		}
+		// Drop removes only what was sent: a newer registration stays.
+		drop(store.DirC2P, "one", false) // none
+		reg(store.DirC2P, "three")
+		drop(store.DirC2P, "two", false)
+		regIs(t, store.DirC2P, "three")
+		drop(store.DirC2P, "three", true)
+		regIs(t, store.DirC2P, "")
+		drop(store.DirC2P, "three", false)
+		reg(store.DirC2P, "four") // a registration after a drop
+		regIs(t, store.DirC2P, "four")
+		regIs(t, store.DirP2C, "p")
 	})
 
 	t.Run("RateBuckets", func(t *testing.T) {
-		if !opt.RateBuckets {
-			t.Skip("the handler keeps the buckets")
-		}
-		name := "ct/rate1"
-		claim(t, r.next(), name, tokA, t0)
-		every := time.Hour
-		lim := MailboxLimits{MaxStored: 10, MaxStoredBytes: 1 << 20, EnvelopeBurst: 3, EnvelopeEvery: every, PushBurst: 2, PushEvery: every, Notify: true}
-		for seq := uint64(1); seq <= 3; seq++ {
-			if res := putLim(t, r.next(), name, store.DirP2C, seq, body(seq), lim, t0, PutCreated); res.Push != (seq <= 2) {
-				t.Fatalf("seq %d: push %v", seq, res.Push)
+		c := s.box(t, "ct/rate1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		burst, every := uint64(lim.EnvelopeBurst), lim.EnvelopeEvery
+		pushes := 0
+		for seq := uint64(1); seq <= burst; seq++ {
+			res := c.putNotify(s.r.next(), store.DirP2C, seq, body(seq), true, t0, store.PutCreated)
+			if res.Push {
+				pushes++
+			}
+			if res.Push != (seq <= uint64(lim.PushBurst)) {
+				t.Fatalf("seq %d: push %v with a push burst of %d", seq, res.Push, lim.PushBurst)
 			}
 		}
-		res := putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0, PutRateLimited)
-		if res.RetryAfter <= 0 || res.RetryAfter > every {
-			t.Fatalf("retry after %v", res.RetryAfter)
+		for range s.n {
+			res := c.putNotify(s.r.next(), store.DirP2C, burst+1, body(burst+1), true, t0, store.PutRateLimited)
+			if res.RetryAfter <= 0 || res.RetryAfter > every {
+				t.Fatalf("retry after %v, want (0, %v]", res.RetryAfter, every)
+			}
 		}
-		headIs(t, name, store.DirP2C, 3, sizes(1, 2, 3), 0, []SeqRun{{1, 3}})
-		// A retry costs no token and is not refused by an empty bucket.
-		putLim(t, r.next(), name, store.DirP2C, 1, body(1), lim, t0, PutRetry)
-		// A token back after every, in both buckets.
-		if res := putLim(t, r.next(), name, store.DirP2C, 4, body(4), lim, t0+int64(every), PutCreated); !res.Push {
+		c.stateIs(store.DirP2C, store.DirectionState{Count: int(burst), Bytes: mbxSizeRange(1, burst), First: 1, Last: burst})
+		// One token back a moment before every is still none; at every,
+		// one in each bucket.
+		c.putNotify(s.r.next(), store.DirP2C, burst+1, body(burst+1), true, t0+int64(every)-1, store.PutRateLimited)
+		if res := c.putNotify(s.r.next(), store.DirP2C, burst+1, body(burst+1), false, t0+int64(every), store.PutCreated); res.Push {
+			t.Fatal("a put without notify pushes")
+		}
+		c.putNotify(s.r.next(), store.DirP2C, burst+2, body(burst+2), true, t0+int64(every), store.PutRateLimited)
+		// The push bucket: at PushEvery one token back, taken by the first
+		// notify only.
+		tp := t0 + int64(lim.PushEvery) + int64(every)*2
+		if res := c.putNotify(s.r.next(), store.DirP2C, burst+2, body(burst+2), true, tp, store.PutCreated); !res.Push {
 			t.Fatal("no push with a token back")
 		}
-		// The other direction has its own buckets (p2c's push bucket is
-		// empty at t0), and a put without Notify takes no push token.
-		lim = MailboxLimits{MaxStored: 10, MaxStoredBytes: 1 << 20, PushBurst: 1, PushEvery: every}
-		putLim(t, r.next(), name, store.DirC2P, 1, body(1), lim, t0, PutCreated)
-		lim.Notify = true
-		if res := putLim(t, r.next(), name, store.DirC2P, 2, body(2), lim, t0, PutCreated); !res.Push {
-			t.Fatal("c2p: no push from a full bucket")
-		}
-		if res := putLim(t, r.next(), name, store.DirC2P, 3, body(3), lim, t0, PutCreated); res.Push {
-			t.Fatal("c2p: pushed from an empty bucket")
+		// The other direction: its push bucket is its own; its envelope
+		// bucket is the mailbox's (the spec) or its own (declared).
+		if opt.PerDirectionEnvelopeBucket {
+			if res := c.putNotify(s.r.next(), store.DirC2P, 1, body(1), true, t0, store.PutCreated); !res.Push {
+				t.Fatal("c2p: no push from its own bucket")
+			}
+		} else {
+			c.putNotify(s.r.next(), store.DirC2P, 1, body(1), true, t0, store.PutRateLimited)
 		}
 	})
 
-	if !opt.Concurrent {
-		return
-	}
-	t.Run("Racing", func(t *testing.T) {
-		// Every handle at once, several calls each: the store's answers
-		// are exact as if they came one by one.
-		race := func(n int, call func(i int)) {
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() { call(i) })
+	t.Run("Watch", func(t *testing.T) {
+		c := s.box(t, "ct/watch1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		for seq := uint64(1); seq <= 3; seq++ {
+			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
+		}
+		c.put(s.r.next(), store.DirC2P, 1, body(1), store.PutCreated) // not this watch's
+		w := c.watch(c.open(s.r.next(), t0), store.DirP2C, 1, nil)
+		w.waitFor(t, 2, 3)
+		for seq := uint64(4); seq <= 6; seq++ {
+			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
+		}
+		c.put(s.r.next(), store.DirP2C, 8, body(8), store.PutCreated)
+		c.put(s.r.next(), store.DirP2C, 7, body(7), store.PutCreated) // below the max
+		c.put(s.r.next(), store.DirP2C, 2, body(2), store.PutRetry)   // nothing new
+		c.prune(s.r.next(), store.DirP2C, 3)                          // nothing to deliver
+		c.put(s.r.next(), store.DirP2C, 9, body(9), store.PutCreated)
+		w.waitFor(t, 2, 3, 4, 5, 6, 8, 7, 9)
+		// Erased through another handle: the watch ends with ErrErased.
+		if err := c.open(s.r.next(), t0).Erase(s.ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.end(t); !errors.Is(err, store.ErrErased) {
+			t.Fatalf("watch after erase: %v", err)
+		}
+		w.is(t, 2, 3, 4, 5, 6, 8, 7, 9)
+	})
+
+	t.Run("WatchEnds", func(t *testing.T) {
+		c := s.box(t, "ct/watch2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.put(s.r.next(), store.DirC2P, 1, body(1), store.PutCreated)
+		// stop: nothing more is delivered, End is not called.
+		w := c.watch(c.open(s.r.next(), t0), store.DirC2P, 0, nil)
+		w.waitFor(t, 1)
+		w.stop()
+		c.put(s.r.next(), store.DirC2P, 2, body(2), store.PutCreated)
+		c.watch(c.open(s.r.next(), t0), store.DirC2P, 1, nil).waitFor(t, 2)
+		w.is(t, 1)
+		select {
+		case err := <-w.done:
+			t.Fatalf("End after stop: %v", err)
+		default:
+		}
+		// Deliver's error, for a stored envelope and for a live one.
+		boom := errors.New("socket closed")
+		for _, after := range []uint64{0, 2} {
+			w = c.watch(c.open(s.r.next(), t0), store.DirC2P, after, func(env []byte) error { return boom })
+			if after == 2 {
+				c.put(s.r.next(), store.DirC2P, 3, body(3), store.PutCreated)
 			}
-			wg.Wait()
+			if err := w.end(t); !errors.Is(err, boom) {
+				t.Fatalf("watch after %d with a failing Deliver: %v", after, err)
+			}
 		}
-		const racers = 6
-		hs := make([]Mailboxes, racers)
-		for i := range hs {
-			hs[i] = r.next()
+		// A mailbox erased since Open: at once.
+		held := c.open(s.r.next(), t0)
+		if err := c.open(s.r.next(), t0).Erase(s.ctx(t)); err != nil {
+			t.Fatal(err)
 		}
-		count := func(outs []PutOutcome, o PutOutcome) int {
-			n := 0
-			for _, x := range outs {
-				if x == o {
-					n++
+		w = c.watch(held, store.DirC2P, 0, nil)
+		if err := w.end(t); !errors.Is(err, store.ErrErased) {
+			t.Fatalf("watch of an erased mailbox: %v", err)
+		}
+	})
+
+	t.Run("JoinWatchers", func(t *testing.T) {
+		c := s.box(t, "ct/watchers1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		var leaves []func()
+		t.Cleanup(func() {
+			for _, l := range leaves {
+				l()
+			}
+		})
+		join := func(dir byte, want error) {
+			t.Helper()
+			leave, err := c.open(s.r.next(), t0).JoinWatchers(s.ctx(t), dir)
+			if !errors.Is(err, want) {
+				t.Fatalf("join %c with %d held: %v, want %v", dir, len(leaves), err, want)
+			}
+			if err == nil {
+				leaves = append(leaves, leave)
+			}
+		}
+		for range store.MaxWatchers {
+			join(store.DirP2C, nil)
+		}
+		for range s.n {
+			join(store.DirP2C, store.ErrTooManyWatchers)
+		}
+		join(store.DirC2P, nil) // the other direction has its own places
+		// leave frees one, once: a second call frees nothing more.
+		leaves[3]()
+		leaves[3]()
+		leaves = slices.Delete(leaves, 3, 4)
+		join(store.DirP2C, nil)
+		join(store.DirP2C, store.ErrTooManyWatchers)
+	})
+
+	t.Run("Foreground", func(t *testing.T) {
+		c := s.box(t, "ct/fg1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		fgIs := func(dir byte, now int64, want bool) {
+			t.Helper()
+			for range s.n {
+				m := c.open(s.r.next(), t0)
+				if want {
+					// Another node may learn of the watcher a moment late.
+					c.eventually(func() error {
+						if !m.Foreground(s.ctx(t), dir, now) {
+							return fmt.Errorf("%c not in the foreground at %d", dir, now)
+						}
+						return nil
+					})
+				} else if m.Foreground(s.ctx(t), dir, now) {
+					t.Fatalf("%c in the foreground at %d", dir, now)
 				}
 			}
-			return n
 		}
-		// One claim wins.
-		name := "ct/race1"
-		claims := make([]ClaimOutcome, racers)
-		race(racers, func(i int) {
-			o, err := hs[i].Claim(ctx(t), name, hash(fmt.Sprint("race-token-", i)), t0, mbxTouchEvery, mbxIdle)
-			if err != nil {
-				t.Errorf("claim %d: %v", i, err)
+		fgIs(store.DirP2C, t0, false)
+		wh := s.r.next()
+		watcher := c.open(wh, t0)
+		leave, err := watcher.JoinWatchers(s.ctx(t), store.DirP2C)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer leave()
+		fgIs(store.DirP2C, t0, false) // watching, not yet pinged
+		until := t0 + int64(45*time.Second)
+		watcher.SetForeground(store.DirP2C, until)
+		fgIs(store.DirP2C, until-1, true)
+		fgIs(store.DirP2C, until, false)
+		fgIs(store.DirC2P, t0, false)
+		// A notify through the watcher's node spends no push token while
+		// the reader is in the foreground; from until on it pushes.
+		if res := c.putNotify(wh, store.DirP2C, 1, body(1), true, until-1, store.PutCreated); !res.Foreground || res.Push {
+			t.Fatalf("put for a reader in the foreground: %+v", res)
+		}
+		if res := c.putNotify(wh, store.DirP2C, 2, body(2), false, until-1, store.PutCreated); res.Foreground || res.Push {
+			t.Fatalf("put without notify: %+v", res)
+		}
+		if res := c.putNotify(wh, store.DirP2C, 3, body(3), true, until, store.PutCreated); res.Foreground || !res.Push {
+			t.Fatalf("put for a reader no longer in the foreground: %+v", res)
+		}
+		watcher.SetForeground(store.DirP2C, t0) // an older mark does not lower it
+		fgIs(store.DirP2C, until-1, true)
+	})
+
+	t.Run("OnGone", func(t *testing.T) {
+		gone := &goneLog{}
+		for _, h := range handles {
+			h.OnGone(gone.add)
+		}
+		want := func(name string) {
+			t.Helper()
+			deadline := time.Now().Add(10 * time.Second)
+			for gone.count(name) < len(handles) {
+				if time.Now().After(deadline) {
+					t.Fatalf("OnGone of %s: %d calls, want one per handle (%d)", name, gone.count(name), len(handles))
+				}
+				time.Sleep(time.Millisecond)
 			}
-			claims[i] = o
-		})
-		winner := slices.Index(claims, ClaimCreated)
-		if winner < 0 || slices.Index(claims[winner+1:], ClaimCreated) >= 0 {
+		}
+		// An erase.
+		c := s.box(t, "ct/gone1", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutCreated)
+		if err := c.open(s.r.next(), t0).Erase(s.ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		want("ct/gone1")
+		// A takeover of an idle mailbox: its holder's sockets close too.
+		c = s.box(t, "ct/gone2", tokA)
+		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+		c.claimIs(s.r.next(), tokB, t0+idle+1, store.ClaimCreated)
+		want("ct/gone2")
+		if n := gone.count("ct/claim1"); n != 0 {
+			t.Fatalf("OnGone of a live mailbox: %d", n)
+		}
+	})
+
+	if opt.Concurrent {
+		t.Run("Racing", func(t *testing.T) { s.racing(t, tokA) })
+	}
+
+	t.Run("ExpireIdle", func(t *testing.T) {
+		// Last: it erases every mailbox idle at its now.
+		gone := &goneLog{}
+		s.r.next().OnGone(gone.add)
+		te := t0 + 10*idle
+		old := s.box(t, "ct/expire1", tokA)
+		old.claimIs(s.r.next(), tokA, te-idle-1, store.ClaimCreated)
+		edge := s.box(t, "ct/expire2", tokA)
+		edge.claimIs(s.r.next(), tokA, te-idle, store.ClaimCreated)
+		written := s.box(t, "ct/expire3", tokA)
+		written.claimIs(s.r.next(), tokA, te-idle-1, store.ClaimCreated)
+		written.putAt(s.r.next(), store.DirC2P, 1, body(1), te-idle, store.PutCreated)
+		total := 0
+		for range s.n {
+			n, err := s.r.next().ExpireIdle(s.ctx(t), te)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+		}
+		if total < 1 {
+			t.Fatalf("ExpireIdle erased %d", total)
+		}
+		for range s.n {
+			n, err := s.r.next().ExpireIdle(s.ctx(t), te)
+			if err != nil || n != 0 {
+				t.Fatalf("ExpireIdle again: %d %v", n, err)
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for gone.count("ct/expire1") == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("no OnGone for the expired mailbox")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if n := gone.count("ct/expire2") + gone.count("ct/expire3"); n != 0 {
+			t.Fatalf("OnGone of live mailboxes: %d", n)
+		}
+		for range s.n {
+			// Gone for every node even at a time it would be alive.
+			h := s.r.next()
+			old.eventually(func() error { return old.openErr(h, tokA, te-idle, store.ErrNotFound) })
+			edge.openIs(s.r.next(), tokA, te, nil)
+			written.openIs(s.r.next(), tokA, te, nil)
+		}
+		old.claimIs(s.r.next(), tokB, te, store.ClaimCreated)
+		old.tok = tokB
+		old.stateIs(store.DirP2C, store.DirectionState{})
+		written.tok = tokA
+		written.now = te
+		written.envelopeIs(store.DirC2P, 1, body(1))
+	})
+}
+
+// racing: every handle at once, several calls each; the store's answers
+// are exact as if they came one by one.
+func (s *mbxSuite) racing(t *testing.T, tokA store.Hash) {
+	t0, body := s.t0, mbxBody
+	race := func(n int, call func(i int)) {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { call(i) })
+		}
+		wg.Wait()
+	}
+	const racers = 6
+	hs := make([]store.Mailboxes, racers)
+	for i := range hs {
+		hs[i] = s.r.next()
+	}
+	count := func(outs []store.PutOutcome, o store.PutOutcome) int {
+		n := 0
+		for _, x := range outs {
+			if x == o {
+				n++
+			}
+		}
+		return n
+	}
+	// One claim wins.
+	c := s.box(t, "ct/race1", tokA)
+	claims := make([]store.ClaimOutcome, racers)
+	race(racers, func(i int) {
+		o, err := hs[i].Claim(s.ctx(t), []byte(c.name), hash(fmt.Sprint("race-token-", i)), t0)
+		if err != nil {
+			t.Errorf("claim %d: %v", i, err)
+		}
+		claims[i] = o
+	})
+	winner := slices.Index(claims, store.ClaimCreated)
+	if winner < 0 {
+		t.Fatalf("claims: %v", claims)
+	}
+	c.tok = hash(fmt.Sprint("race-token-", winner))
+	for i, o := range claims {
+		if i != winner && o != store.ClaimTaken {
 			t.Fatalf("claims: %v", claims)
 		}
-		if rec, err := r.next().Mailbox(ctx(t), name); err != nil || rec.Token != hash(fmt.Sprint("race-token-", winner)) {
-			t.Fatalf("record %+v %v, want racer %d's token", rec, err, winner)
-		}
-		// One seq, other bytes: one stored, the rest conflicts.
-		outs := make([]PutOutcome, racers)
-		race(racers, func(i int) {
-			res, err := hs[i].Put(ctx(t), name, store.DirP2C, 1, MailboxEnvelope(1, fmt.Sprint("racer", i)), mbxDefaultLimits, t0)
-			if err != nil {
-				t.Errorf("put %d: %v", i, err)
-			}
-			outs[i] = res.Outcome
-		})
-		if count(outs, PutCreated) != 1 || count(outs, PutConflict) != racers-1 {
-			t.Fatalf("racing puts of seq 1: %v", outs)
-		}
-		won := slices.Index(outs, PutCreated)
-		envelopeIs(t, name, store.DirP2C, 1, MailboxEnvelope(1, fmt.Sprint("racer", won)))
-		// The same bytes: one stored, the rest retries.
-		race(racers, func(i int) {
-			res, err := hs[i].Put(ctx(t), name, store.DirP2C, 2, body(2), mbxDefaultLimits, t0)
-			if err != nil {
-				t.Errorf("put %d: %v", i, err)
-			}
-			outs[i] = res.Outcome
-		})
-		if count(outs, PutCreated) != 1 || count(outs, PutRetry) != racers-1 {
-			t.Fatalf("racing retries of seq 2: %v", outs)
-		}
-		// Distinct seqs against a count bound: exactly the bound stored.
-		const each, bound = 4, 10
-		lim := MailboxLimits{MaxStored: bound, MaxStoredBytes: 1 << 20}
-		all := make([]PutOutcome, racers*each)
+	}
+	for range s.n {
+		c.openIs(s.r.next(), c.tok, t0, nil)
+	}
+	handles := make([]store.Mailbox, racers)
+	for i := range handles {
+		handles[i] = c.open(hs[i], t0)
+	}
+	racePut := func(dir byte, seqOf func(i, j int) uint64, envOf func(i int, seq uint64) []byte, each int, now func(i, j int) int64) []store.PutOutcome {
+		outs := make([]store.PutOutcome, racers*each)
 		race(racers, func(i int) {
 			for j := range each {
-				seq := uint64(3 + i*each + j)
-				res, err := hs[i].Put(ctx(t), name, store.DirC2P, seq, body(seq), lim, t0)
+				seq := seqOf(i, j)
+				res, err := handles[i].Put(s.ctx(t), dir, seq, envOf(i, seq), false, now(i, j))
 				if err != nil {
 					t.Errorf("put %d: %v", seq, err)
 				}
-				all[i*each+j] = res.Outcome
+				outs[i*each+j] = res.Outcome
 			}
 		})
-		if count(all, PutCreated) != bound || count(all, PutFull) != len(all)-bound {
-			t.Fatalf("racing puts against a bound of %d: %v", bound, all)
+		return outs
+	}
+	at := func(i, j int) int64 { return t0 }
+	// One seq, other bytes: one stored, the rest conflicts.
+	outs := racePut(store.DirP2C, func(i, j int) uint64 { return 1 }, func(i int, seq uint64) []byte { return MailboxEnvelope(1, fmt.Sprint("racer", i)) }, 1, at)
+	if count(outs, store.PutCreated) != 1 || count(outs, store.PutConflict) != racers-1 {
+		t.Fatalf("racing puts of seq 1: %v", outs)
+	}
+	won := slices.Index(outs, store.PutCreated)
+	c.envelopeIs(store.DirP2C, 1, MailboxEnvelope(1, fmt.Sprint("racer", won)))
+	// The same bytes: one stored, the rest retries.
+	outs = racePut(store.DirP2C, func(i, j int) uint64 { return 2 }, func(i int, seq uint64) []byte { return body(seq) }, 1, at)
+	if count(outs, store.PutCreated) != 1 || count(outs, store.PutRetry) != racers-1 {
+		t.Fatalf("racing retries of seq 2: %v", outs)
+	}
+	// Distinct seqs against the envelope burst: exactly the burst stored.
+	burst := s.lim.EnvelopeBurst
+	each := burst/racers + 2
+	outs = racePut(store.DirC2P, func(i, j int) uint64 { return uint64(1 + i*each + j) }, func(i int, seq uint64) []byte { return body(seq) }, each, at)
+	if count(outs, store.PutCreated) != burst || count(outs, store.PutRateLimited) != len(outs)-burst {
+		t.Fatalf("racing puts against a burst of %d: %d created, %d limited of %d", burst, count(outs, store.PutCreated), count(outs, store.PutRateLimited), len(outs))
+	}
+	if st := c.state(s.r.next(), store.DirC2P); st.Count != burst {
+		t.Fatalf("after racing puts: %+v", st)
+	}
+	// Distinct seqs against the count bound: the direction is filled to
+	// 10 short of it, then racers put 3 each once the bucket is full
+	// again: exactly 10 stored.
+	c = s.box(t, "ct/race2", tokA)
+	c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+	bound := s.lim.MaxStored
+	for seq := uint64(1); seq <= uint64(bound-10); seq++ {
+		c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
+	}
+	for i := range handles {
+		handles[i] = c.open(hs[i], t0)
+	}
+	refilled := c.clock + int64(s.lim.EnvelopeBurst)*int64(s.lim.EnvelopeEvery)
+	const each2 = 3
+	outs = racePut(store.DirP2C, func(i, j int) uint64 { return uint64(bound + 1 + i*each2 + j) }, func(i int, seq uint64) []byte { return body(seq) }, each2,
+		func(i, j int) int64 { return refilled })
+	if count(outs, store.PutCreated) != 10 || count(outs, store.PutFull) != len(outs)-10 {
+		t.Fatalf("racing puts against a bound of %d: %v", bound, outs)
+	}
+	var stored []uint64
+	if err := c.open(s.r.next(), t0).Scan(s.ctx(t), store.DirP2C, 0, func(seq uint64, env []byte) bool {
+		stored = append(stored, seq)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.state(s.r.next(), store.DirP2C); st.Count != bound || len(stored) != bound {
+		t.Fatalf("after racing puts: state %+v, scan %d", st, len(stored))
+	}
+}
+
+// mbxSuite is the suite's shared state.
+type mbxSuite struct {
+	r   *rotor[store.Mailboxes]
+	n   int
+	lim store.MailboxLimits
+	t0  int64
+}
+
+func (s *mbxSuite) ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// box is one mailbox of a case: its name, the token its handles open
+// with, the time they open at, and the case's clock for puts (each put a
+// token of the envelope bucket after the one before, so that only the
+// cases about the bucket meet it).
+func (s *mbxSuite) box(t *testing.T, name string, tok store.Hash) *mbxBox {
+	return &mbxBox{s: s, t: t, name: name, tok: tok, now: s.t0, clock: s.t0}
+}
+
+type mbxBox struct {
+	s     *mbxSuite
+	t     *testing.T
+	name  string
+	tok   store.Hash
+	now   int64 // Open's now for reads
+	clock int64 // the next put's now
+}
+
+func mbxBody(seq uint64) []byte { return MailboxEnvelope(seq, fmt.Sprint("m", seq)) }
+
+// mbxSized is an envelope of seq of exactly size bytes (at least 25).
+func mbxSized(seq uint64, size int) []byte {
+	return MailboxEnvelope(seq, strings.Repeat(fmt.Sprint(seq%10), size-25))
+}
+
+func mbxSizes(seqs ...uint64) int {
+	n := 0
+	for _, s := range seqs {
+		n += len(mbxBody(s))
+	}
+	return n
+}
+
+func mbxSizeRange(from, to uint64) int {
+	n := 0
+	for s := from; s <= to; s++ {
+		n += len(mbxBody(s))
+	}
+	return n
+}
+
+func (c *mbxBox) claimIs(h store.Mailboxes, tok store.Hash, now int64, want store.ClaimOutcome) {
+	c.t.Helper()
+	o, err := h.Claim(c.s.ctx(c.t), []byte(c.name), tok, now)
+	if err != nil || o != want {
+		c.t.Fatalf("claim %s at %+d: %v %v, want %v", c.name, now-c.s.t0, o, err, want)
+	}
+}
+
+func (c *mbxBox) openErr(h store.Mailboxes, tok store.Hash, now int64, want error) error {
+	m, err := h.Open(c.s.ctx(c.t), []byte(c.name), tok, now)
+	if err == nil {
+		m.Release()
+	}
+	if !errors.Is(err, want) || (want == nil && err != nil) {
+		return fmt.Errorf("open %s at %+d: %v, want %v", c.name, now-c.s.t0, err, want)
+	}
+	return nil
+}
+
+func (c *mbxBox) openIs(h store.Mailboxes, tok store.Hash, now int64, want error) {
+	c.t.Helper()
+	if err := c.openErr(h, tok, now, want); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// open opens the mailbox through h with the box's token at now, released
+// when the case ends.
+func (c *mbxBox) open(h store.Mailboxes, now int64) store.Mailbox {
+	c.t.Helper()
+	m, err := h.Open(c.s.ctx(c.t), []byte(c.name), c.tok, now)
+	if err != nil {
+		c.t.Fatalf("open %s at %+d: %v", c.name, now-c.s.t0, err)
+	}
+	c.t.Cleanup(m.Release)
+	return m
+}
+
+func (c *mbxBox) openAt(h store.Mailboxes, now int64) store.Mailbox { return c.open(h, now) }
+
+func (c *mbxBox) putNotify(h store.Mailboxes, dir byte, seq uint64, env []byte, notify bool, now int64, want store.PutOutcome) store.PutResult {
+	c.t.Helper()
+	m := c.open(h, max(now, c.now))
+	res, err := m.Put(c.s.ctx(c.t), dir, seq, env, notify, now)
+	if err != nil {
+		c.t.Fatalf("put %s %c %d: %v", c.name, dir, seq, err)
+	}
+	if res.Outcome != want {
+		c.t.Fatalf("put %s %c %d: %v, want %v", c.name, dir, seq, res.Outcome, want)
+	}
+	if res.Outcome != store.PutCreated && res.Push {
+		c.t.Fatalf("put %s %c %d: %v pushes", c.name, dir, seq, res.Outcome)
+	}
+	return res
+}
+
+func (c *mbxBox) putAt(h store.Mailboxes, dir byte, seq uint64, env []byte, now int64, want store.PutOutcome) store.PutResult {
+	c.t.Helper()
+	return c.putNotify(h, dir, seq, env, false, now, want)
+}
+
+// put stores at the box's clock, which then moves one token on.
+func (c *mbxBox) put(h store.Mailboxes, dir byte, seq uint64, env []byte, want store.PutOutcome) store.PutResult {
+	c.t.Helper()
+	now := c.clock
+	c.clock += int64(c.s.lim.EnvelopeEvery)
+	return c.putAt(h, dir, seq, env, now, want)
+}
+
+// fill stores envelopes 1.. in dir whose sizes sum to exactly total (at
+// least 25 bytes) and returns the last seq.
+func (c *mbxBox) fill(dir byte, total int) uint64 {
+	c.t.Helper()
+	var sizes []int
+	for rest := total; rest > 0; {
+		size := min(mbxLarge, rest)
+		if r := rest - size; r > 0 && r < 25 {
+			size -= 25 // the last one needs room for its header and tag
 		}
-		h := state(t, r.next(), name, store.DirC2P)
-		var stored []uint64
-		if err := r.next().Scan(ctx(t), name, store.DirC2P, 0, 0, func(seq uint64, env []byte) bool {
-			stored = append(stored, seq)
-			return true
-		}); err != nil {
-			t.Fatal(err)
+		sizes = append(sizes, size)
+		rest -= size
+	}
+	for i, size := range sizes {
+		seq := uint64(i + 1)
+		c.put(c.s.r.next(), dir, seq, mbxSized(seq, size), store.PutCreated)
+	}
+	return uint64(len(sizes))
+}
+
+func (c *mbxBox) prune(h store.Mailboxes, dir byte, through uint64) {
+	c.t.Helper()
+	if err := c.open(h, c.now).Prune(c.s.ctx(c.t), dir, through); err != nil {
+		c.t.Fatalf("prune %s %c through %d: %v", c.name, dir, through, err)
+	}
+}
+
+func (c *mbxBox) state(h store.Mailboxes, dir byte) store.DirectionState {
+	c.t.Helper()
+	st, err := c.open(h, c.now).State(c.s.ctx(c.t), dir)
+	if err != nil {
+		c.t.Fatalf("state %s %c: %v", c.name, dir, err)
+	}
+	return st
+}
+
+// stateIs checks a direction's state through every handle.
+func (c *mbxBox) stateIs(dir byte, want store.DirectionState) {
+	c.t.Helper()
+	for range c.s.n {
+		if st := c.state(c.s.r.next(), dir); st != want {
+			c.t.Fatalf("state of %s %c: %+v, want %+v", c.name, dir, st, want)
 		}
-		if h.Count != bound || len(stored) != bound {
-			t.Fatalf("after racing puts: head %+v, scan %v", h, stored)
+	}
+}
+
+// envelopeIs checks one envelope (nil: not stored) through every handle.
+func (c *mbxBox) envelopeIs(dir byte, seq uint64, want []byte) {
+	c.t.Helper()
+	for range c.s.n {
+		got, ok, err := c.open(c.s.r.next(), c.now).AppendEnvelope(c.s.ctx(c.t), nil, dir, seq)
+		if err != nil {
+			c.t.Fatalf("envelope %s %c %d: %v", c.name, dir, seq, err)
 		}
-		if opt.RateBuckets {
-			// A burst is exact across racers too.
-			name := "ct/race2"
-			claim(t, r.next(), name, tokA, t0)
-			lim := MailboxLimits{MaxStored: 100, MaxStoredBytes: 1 << 20, EnvelopeBurst: 7, EnvelopeEvery: time.Hour}
-			race(racers, func(i int) {
-				for j := range each {
-					seq := uint64(1 + i*each + j)
-					res, err := hs[i].Put(ctx(t), name, store.DirP2C, seq, body(seq), lim, t0)
-					if err != nil {
-						t.Errorf("put %d: %v", seq, err)
-					}
-					all[i*each+j] = res.Outcome
-				}
-			})
-			if count(all, PutCreated) != 7 || count(all, PutRateLimited) != len(all)-7 {
-				t.Fatalf("racing puts against a burst of 7: %v", all)
-			}
+		if ok != (want != nil) || !bytes.Equal(got, want) {
+			c.t.Fatalf("envelope %s %c %d: %q %v, want %q", c.name, dir, seq, got, ok, want)
 		}
+		c.hasIs1(c.s.r.next(), dir, seq, want != nil)
+	}
+}
+
+func (c *mbxBox) hasIs1(h store.Mailboxes, dir byte, seq uint64, want bool) {
+	c.t.Helper()
+	if ok, err := c.open(h, c.now).HasEnvelope(c.s.ctx(c.t), dir, seq); err != nil || ok != want {
+		c.t.Fatalf("HasEnvelope %s %c %d: %v %v, want %v", c.name, dir, seq, ok, err, want)
+	}
+}
+
+func (c *mbxBox) hasIs(dir byte, seq uint64, want bool) {
+	c.t.Helper()
+	for range c.s.n {
+		c.hasIs1(c.s.r.next(), dir, seq, want)
+	}
+}
+
+// scan lists the sequences above after, checking each envelope's bytes
+// against want (nil: mbxBody).
+func (c *mbxBox) scan(m store.Mailbox, dir byte, after uint64, want func(uint64) []byte) []uint64 {
+	c.t.Helper()
+	if want == nil {
+		want = mbxBody
+	}
+	var seqs []uint64
+	err := m.Scan(c.s.ctx(c.t), dir, after, func(seq uint64, env []byte) bool {
+		seqs = append(seqs, seq)
+		// Checked during the call: env is valid only then.
+		if !bytes.Equal(env, want(seq)) {
+			c.t.Errorf("scan %s %c: envelope %d has other bytes", c.name, dir, seq)
+		}
+		return true
 	})
+	if err != nil {
+		c.t.Fatalf("scan %s %c after %d: %v", c.name, dir, after, err)
+	}
+	if c.t.Failed() {
+		c.t.FailNow()
+	}
+	return seqs
+}
+
+// eventually retries check until it passes (a cluster node learns of a
+// change made through another a moment later), at most 10 s.
+func (c *mbxBox) eventually(check func() error) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// mbxWatch is one running Watch and what it delivered.
+type mbxWatch struct {
+	stop func()
+	done chan error // End's reason, or Watch's error
+	mu   sync.Mutex
+	got  []uint64
+	envs [][]byte
+}
+
+// watch starts m.Watch; fail, when set, is Deliver's answer.
+func (c *mbxBox) watch(m store.Mailbox, dir byte, after uint64, fail func(env []byte) error) *mbxWatch {
+	w := &mbxWatch{stop: func() {}, done: make(chan error, 2)}
+	stop, err := m.Watch(c.t.Context(), dir, store.WatchConfig{
+		After: after,
+		Deliver: func(ctx context.Context, env []byte, replayed bool) error {
+			if fail != nil {
+				return fail(env)
+			}
+			w.mu.Lock()
+			w.got = append(w.got, binary.BigEndian.Uint64(env[1:9]))
+			w.envs = append(w.envs, bytes.Clone(env))
+			w.mu.Unlock()
+			return nil
+		},
+		End: func(err error) { w.done <- err },
+	})
+	if err != nil {
+		w.done <- err
+		return w
+	}
+	w.stop = stop
+	c.t.Cleanup(stop)
+	return w
+}
+
+// waitFor waits until the watch delivered at least len(want) envelopes,
+// then checks they are want, in order, each with its bytes.
+func (w *mbxWatch) waitFor(t *testing.T, want ...uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		n := len(w.got)
+		w.mu.Unlock()
+		if n >= len(want) {
+			break
+		}
+		select {
+		case err := <-w.done:
+			t.Fatalf("watch ended with %v after %d of %d", err, n, len(want))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watch delivered %d of %d", n, len(want))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.is(t, want...)
+}
+
+func (w *mbxWatch) is(t *testing.T, want ...uint64) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !slices.Equal(w.got, want) {
+		t.Fatalf("watch delivered %v, want %v (each once)", w.got, want)
+	}
+	for i, seq := range w.got {
+		if !bytes.Equal(w.envs[i], mbxBody(seq)) {
+			t.Fatalf("watch delivered other bytes for %d", seq)
+		}
+	}
+}
+
+// end waits for the watch to end by itself (or Watch's error).
+func (w *mbxWatch) end(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not end")
+		return nil
+	}
+}
+
+// goneLog records OnGone calls.
+type goneLog struct {
+	mu    sync.Mutex
+	names map[string]int
+}
+
+func (g *goneLog) add(name string) {
+	g.mu.Lock()
+	if g.names == nil {
+		g.names = map[string]int{}
+	}
+	g.names[name]++
+	g.mu.Unlock()
+}
+
+func (g *goneLog) count(name string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.names[name]
 }

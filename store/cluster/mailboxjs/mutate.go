@@ -1,6 +1,7 @@
 package mailboxjs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -156,14 +157,63 @@ func (s *Store) PushRegistration(ctx context.Context, name string, dir byte) ([]
 	if err != nil {
 		return nil, err
 	}
+	data, _, err := s.pushReg(ctx, n, dir)
+	return data, err
+}
+
+// pushReg reads a registration and its stream sequence through the
+// leader. An empty message is a dropped one (DropPushRegistration's
+// compare-and-set tombstone; sealed bytes are never empty).
+func (s *Store) pushReg(ctx context.Context, n names, dir byte) ([]byte, uint64, error) {
 	m, err := s.leaderGet(ctx, n.stream, getReq{LastFor: n.push(dir)})
 	if errors.Is(err, errNoMsg) {
-		return nil, store.ErrNotFound
+		return nil, 0, store.ErrNotFound
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return m.data, nil
+	if len(m.data) == 0 {
+		return nil, m.seq, store.ErrNotFound
+	}
+	return m.data, m.seq, nil
+}
+
+// DropPushRegistration removes a direction's registration only while it
+// still holds sent (a provider refused the token sealed in it): an empty
+// message replaces it by compare-and-set on its stream sequence, so a
+// newer registration stored meanwhile stays; the tombstone is then purged
+// (only up to itself: anything newer is kept).
+func (s *Store) DropPushRegistration(ctx context.Context, name string, dir byte, sent []byte) (bool, error) {
+	n, err := s.names(name)
+	if err != nil {
+		return false, err
+	}
+	for round := range maxRounds {
+		cur, rev, err := s.pushReg(ctx, n, dir)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if !bytes.Equal(cur, sent) {
+			return false, nil
+		}
+		ack, err := s.publish(ctx, n.push(dir), nil, nats.Header{
+			hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
+		})
+		if err == nil {
+			// Best effort: a tombstone left reads as none and goes with
+			// the next registration (rollup) or the mailbox.
+			_ = s.streams[n.shard].Purge(ctx, jetstream.WithPurgeSubject(n.push(dir)), jetstream.WithPurgeSequence(ack.Sequence+1))
+			return true, nil
+		}
+		if !cluster.Conflict(err) {
+			return false, err
+		}
+		backoff(round)
+	}
+	return false, cluster.Fail("drop push registration "+name, errors.New("too many conflicts"))
 }
 
 // SetPushRegistration stores a sealed registration (the relay seals it

@@ -217,20 +217,27 @@ const (
 // claim moves LastActive when touchEvery has passed since the stored one
 // (so heartbeats cost a write an hour, not one each).
 func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, error) {
+	o, _, err := s.claim(ctx, name, token, now, touchEvery, idle)
+	return o, err
+}
+
+// claim is Claim that also reports the LastActive the record holds after
+// it (a node's cache of the record starts from it).
+func (s *Store) claim(ctx context.Context, name string, token store.Hash, now int64, touchEvery, idle time.Duration) (ClaimOutcome, int64, error) {
 	n, err := s.names(name)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for round := range maxRounds {
 		rec, rev, err := s.readClaim(ctx, n)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return 0, err
+			return 0, 0, err
 		}
 		exists := err == nil
 		if exists && now-rec.LastActive > int64(idle) {
 			// The record looks expired; writes stamp their head, not it.
 			if exists, err = s.live(ctx, n, now, idle); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			if exists {
 				rec.LastActive = 0 // alive through writes: a heartbeat is due
@@ -238,29 +245,35 @@ func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now in
 		}
 		switch {
 		case exists && rec.Token != token:
-			return ClaimTaken, nil
+			return ClaimTaken, rec.LastActive, nil
 		case exists && now-rec.LastActive < int64(touchEvery):
-			return ClaimSame, nil
+			return ClaimSame, rec.LastActive, nil
 		case exists: // a heartbeat that moves LastActive
 			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{
 				hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
 			})
 			if err == nil {
-				return ClaimSame, nil
+				return ClaimSame, now, nil
 			}
 		case rev != 0:
 			// An expired holder: purge what it left before the takeover,
 			// so that once the new claim is there nothing of the old
-			// holder's can be read (the claim's revision does not move).
+			// holder's can be read (the claim's revision does not move),
+			// and end its watchers and sockets on every node, as an erase
+			// does. Told before the new claim exists, so that no watcher
+			// of the new holder can see it.
 			if err := s.purgeLeftovers(ctx, n); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			s.forget(name)
+			if err := s.nc.Publish(n.control(), []byte(ctlErased)); err != nil {
+				return 0, 0, cluster.Fail("claim "+name+": notify", err)
+			}
 			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{
 				hdrExpSeq: {strconv.FormatUint(rev, 10)}, hdrRollup: {"sub"},
 			})
 			if err == nil {
-				return ClaimCreated, nil
+				return ClaimCreated, now, nil
 			}
 		default: // no claim: create-if-absent, one winner
 			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{hdrExpSeq: {"0"}})
@@ -268,17 +281,17 @@ func (s *Store) Claim(ctx context.Context, name string, token store.Hash, now in
 				// Whatever a previous holder's writes left in a race with
 				// its erase goes before anyone reads it.
 				if err := s.purgeLeftovers(ctx, n); err != nil {
-					return 0, err
+					return 0, 0, err
 				}
-				return ClaimCreated, nil
+				return ClaimCreated, now, nil
 			}
 		}
 		if !cluster.Conflict(err) {
-			return 0, err
+			return 0, 0, err
 		}
 		backoff(round)
 	}
-	return 0, cluster.Fail("claim "+name, errors.New("too many conflicts"))
+	return 0, 0, cluster.Fail("claim "+name, errors.New("too many conflicts"))
 }
 
 // live reports whether either direction was written within idle (writes
@@ -294,6 +307,20 @@ func (s *Store) live(ctx context.Context, n names, now int64, idle time.Duration
 		}
 	}
 	return false, nil
+}
+
+// lastWrite is the time of the latest write of either direction (writes
+// stamp their head, not the claim record); 0 when none.
+func (s *Store) lastWrite(ctx context.Context, n names) (int64, error) {
+	var last int64
+	for _, dir := range []byte{'p', 'c'} {
+		h, err := s.readHead(ctx, n, dir)
+		if err != nil {
+			return 0, err
+		}
+		last = max(last, h.Active)
+	}
+	return last, nil
 }
 
 // Touch moves a mailbox's LastActive forward to now (a write's restart of
@@ -589,6 +616,20 @@ func (s *Store) Envelope(ctx context.Context, name string, dir byte, seq uint64)
 		return nil, false, nil
 	}
 	return s.lookup(ctx, n, dir, &h, seq)
+}
+
+// HasEnvelope reports whether seq is stored, from the head alone (read
+// through the leader, so exact).
+func (s *Store) HasEnvelope(ctx context.Context, name string, dir byte, seq uint64) (bool, error) {
+	n, err := s.names(name)
+	if err != nil {
+		return false, err
+	}
+	h, err := s.readHead(ctx, n, dir)
+	if err != nil {
+		return false, err
+	}
+	return seq > h.Pruned && h.Has(seq), nil
 }
 
 // lookup finds a stored envelope (h lists it): an out-of-order one on its

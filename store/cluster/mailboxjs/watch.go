@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,7 +39,17 @@ type WatchConfig struct {
 	// drop, in tests, loses the republished messages it returns true for,
 	// as a reconnect or a slow consumer would.
 	drop func(*nats.Msg) bool
+	// deliver, when set, is called instead of Deliver with the watch's
+	// context (ended by Close or bound): replayed is true for the
+	// backfill of stored envelopes; false ends the watch (End gets
+	// errDeliverStopped). Mailboxes' Watch uses it.
+	deliver func(ctx context.Context, seq uint64, env []byte, replayed bool) bool
+	// bound, when set, ends the watch when it ends (End gets nil).
+	bound context.Context
 }
+
+// errDeliverStopped ends a watch whose deliver returned false.
+var errDeliverStopped = errors.New("mailboxjs: deliver stopped the watch")
 
 // Watch delivers a direction's envelopes: stored ones above After, then
 // new ones as they are stored, each exactly once, through any node.
@@ -54,16 +63,16 @@ type WatchConfig struct {
 // a slow consumer) shows as a gap at the next one and is read back from
 // the stream before it.
 type Watch struct {
-	s     *Store
-	n     names
-	dir   byte
-	cfg   WatchConfig
-	subs  []*nats.Subscription
-	queue chan *nats.Msg
-	bytes atomic.Int64
-	full  atomic.Bool
-	stop  chan struct{}
-	once  sync.Once
+	s      *Store
+	n      names
+	dir    byte
+	cfg    WatchConfig
+	subs   []*nats.Subscription
+	queue  chan *nats.Msg
+	bytes  atomic.Int64
+	full   atomic.Bool
+	ctx    context.Context // ended by Close (and cfg.bound)
+	cancel context.CancelFunc
 	// readBacks counts the gaps read back from the stream (a test
 	// checks that a watcher that lost nothing reads nothing back).
 	readBacks atomic.Int64
@@ -83,10 +92,15 @@ func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfi
 	}
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	w := &Watch{s: s, n: n, dir: dir, cfg: cfg, queue: make(chan *nats.Msg, watchQueueLen), stop: make(chan struct{}), done: make(chan struct{})}
+	w := &Watch{s: s, n: n, dir: dir, cfg: cfg, queue: make(chan *nats.Msg, watchQueueLen), done: make(chan struct{})}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	if cfg.bound != nil {
+		w.ctx, w.cancel = context.WithCancel(cfg.bound)
+	}
 	for _, subj := range []string{n.watch(dir), n.control()} {
 		sub, err := s.nc.Subscribe(subj, w.enqueue)
 		if err != nil {
+			w.cancel()
 			w.unsubscribe()
 			return nil, cluster.Fail("watch "+subj, err)
 		}
@@ -96,11 +110,13 @@ func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfi
 	// message stored after that read is republished to this watch; one
 	// lost anyway shows as a gap at the next message.
 	if err := s.nc.FlushWithContext(ctx); err != nil {
+		w.cancel()
 		w.unsubscribe()
 		return nil, cluster.Fail("watch "+name, err)
 	}
 	h, err := s.readHead(ctx, n, dir)
 	if err != nil {
+		w.cancel()
 		w.unsubscribe()
 		return nil, err
 	}
@@ -136,7 +152,7 @@ func (w *Watch) wake() {
 
 // Close ends the watch (End gets nil) and waits for its goroutine.
 func (w *Watch) Close() {
-	w.once.Do(func() { close(w.stop) })
+	w.cancel()
 	<-w.done
 }
 
@@ -147,14 +163,8 @@ func (w *Watch) unsubscribe() {
 }
 
 func (w *Watch) run(h Head) {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-w.stop:
-		case <-w.done:
-		}
-		cancel()
-	}()
+	ctx := w.ctx
+	defer w.cancel()
 	err := w.loop(ctx, h)
 	w.unsubscribe()
 	if err != nil && ctx.Err() != nil {
@@ -168,11 +178,18 @@ func (w *Watch) run(h Head) {
 
 func (w *Watch) loop(ctx context.Context, h Head) error {
 	// Backfill: every stored envelope above After as of the head read.
+	stopped := false
 	if _, err := w.s.scan(ctx, w.n, w.dir, &h, w.cfg.After, 0, func(seq uint64, env []byte) bool {
-		w.cfg.Deliver(seq, env)
+		if !w.emit(seq, env, true) {
+			stopped = true
+			return false
+		}
 		return ctx.Err() == nil
 	}); err != nil {
 		return err
+	}
+	if stopped {
+		return errDeliverStopped
 	}
 	last := h.Rev // the last message of the direction handled
 	for {
@@ -213,19 +230,31 @@ func (w *Watch) loop(ctx context.Context, h Head) error {
 			}
 		}
 		last = seq
-		w.handle(m.Subject, m.Data)
+		if !w.handle(m.Subject, m.Data) {
+			return errDeliverStopped
+		}
 	}
 }
 
+// emit delivers one envelope; false: the watch is to end.
+func (w *Watch) emit(seq uint64, env []byte, replayed bool) bool {
+	if w.cfg.deliver != nil {
+		return w.cfg.deliver(w.ctx, seq, env, replayed)
+	}
+	w.cfg.Deliver(seq, env)
+	return true
+}
+
 // handle delivers a direction message if it is an envelope above After
-// (a prune mark only advances the chain).
-func (w *Watch) handle(subject string, data []byte) {
+// (a prune mark only advances the chain); false: the watch is to end.
+func (w *Watch) handle(subject string, data []byte) bool {
 	if strings.HasSuffix(subject, ".m") {
-		return
+		return true
 	}
 	if c := envelopeSeq(data); c > w.cfg.After {
-		w.cfg.Deliver(c, data)
+		return w.emit(c, data, false)
 	}
+	return true
 }
 
 // catchUp reads the direction's messages after stream sequence last up to
@@ -234,14 +263,18 @@ func (w *Watch) handle(subject string, data []byte) {
 func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) {
 	for lagged := 0; last < upTo; {
 		got := 0
+		stopped := false
 		_, err := w.s.directBatch(ctx, w.n.stream, w.n.dirAll(w.dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
 			got++
 			last = m.seq
-			w.handle(m.subject, m.data)
-			return true
+			stopped = !w.handle(m.subject, m.data)
+			return !stopped
 		})
 		if err != nil {
 			return last, err
+		}
+		if stopped {
+			return last, errDeliverStopped
 		}
 		if got == 0 {
 			// Either the replica lags, or what was missed was purged
