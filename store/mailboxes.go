@@ -79,11 +79,16 @@ type Mailbox interface {
 	// DropPushRegistration removes the registration only while it is
 	// still sent (a provider refused that token): a newer one stays.
 	DropPushRegistration(ctx context.Context, dir byte, sent []byte) (bool, error)
-	// Watch delivers the direction's envelopes above cfg.After (the stored
-	// ones ascending, then each new one as it is stored), each once, until
-	// ctx ends (nil), the mailbox goes (ErrErased), the watcher falls
-	// behind (ErrWatchOverflow) or Deliver fails (its error).
-	Watch(ctx context.Context, dir byte, cfg WatchConfig) error
+	// Watch starts delivering the direction's envelopes above cfg.After
+	// (the stored ones ascending, then each new one as it is stored), each
+	// once, and returns at once: a watch costs no goroutine of its own
+	// while it waits (a backend may run one while it replays). cfg.End is
+	// called once, from any goroutine, when the watch ends by itself: the
+	// mailbox went (ErrErased), the watcher fell behind
+	// (ErrWatchOverflow), Deliver failed (its error) or the store did
+	// (wrapping ErrUnavailable). stop ends it; End is not called once
+	// stop has returned. ctx bounds the replay.
+	Watch(ctx context.Context, dir byte, cfg WatchConfig) (stop func(), err error)
 	// JoinWatchers takes one of the direction's MaxWatchers places, across
 	// every node; ErrTooManyWatchers when all are taken. leave gives it
 	// back (a node that dies gives its places back by itself).
@@ -106,6 +111,8 @@ type WatchConfig struct {
 	// may wait for room (pacing); for a live one it must not block: a
 	// socket whose queue is full closes itself and ends the watch.
 	Deliver func(ctx context.Context, env []byte, replayed bool) error
+	// End is told why the watch ended by itself (see Mailbox.Watch).
+	End func(error)
 }
 
 // Why a watch ended or a place was refused.

@@ -34,7 +34,7 @@ type ServeOptions struct {
 	// Stored envelopes of EnvelopeSize bytes put into each one's p2c
 	// direction, before "ready" is written.
 	Mailboxes, Stored, EnvelopeSize int
-	// EnvelopeCache is ours' mailbox.Config.EnvelopeCache (0: the
+	// EnvelopeCache is ours' mailboxlocal.Config.EnvelopeCache (0: the
 	// default, as serve runs; negative: none, every GET a first read).
 	EnvelopeCache int
 	// CPUProfile and MaxLife are serverproc.ServeOptions'.

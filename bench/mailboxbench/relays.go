@@ -37,6 +37,7 @@ import (
 	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 // The benchmark's app, bearer and mailboxes are relayserve's, shared with
@@ -91,7 +92,7 @@ type relay struct {
 
 func fromServe(r *relayserve.Relay) *relay { return &relay{name: r.Name, addr: r.Addr, close: r.Close} }
 
-// ourConfig is the mailbox handler as the binary configures it, but for
+// ourHandler is the mailbox handler as the binary configures it, but for
 // the clock and the idle timeout (see newStepClock), the touch interval
 // and the per-direction caps, lifted so that rounds of synced writes into
 // one mailbox never fill it: the cap checks still run on every write. The
@@ -100,17 +101,26 @@ func fromServe(r *relayserve.Relay) *relay { return &relay{name: r.Name, addr: r
 // mailbox, so every write also stored the mailbox's record (three more
 // keys in its batch), where with a real clock a mailbox written
 // thousands of times a second stores it once a minute.
-func ourConfig(log *store.EnvelopeLog, now func() time.Time) mailbox.Config {
-	return mailbox.Config{
-		Store:          log,
-		Apps:           map[string]mailbox.App{app: {Name: app}},
-		Idle:           relayserve.IdleForever,
-		TouchEvery:     relayserve.IdleForever,
-		MaxStored:      1 << 30,
-		MaxStoredBytes: 1 << 40,
-		Now:            now,
-		DetachSockets:  true, // as the binary serves them
+func ourHandler(log *store.EnvelopeLog, now func() time.Time, envelopeCache int) (*mailbox.Handler, error) {
+	st, err := mailboxlocal.New(mailboxlocal.Config{
+		Log: log,
+		Limits: store.MailboxLimits{
+			Idle:           relayserve.IdleForever,
+			TouchEvery:     relayserve.IdleForever,
+			MaxStored:      1 << 30,
+			MaxStoredBytes: 1 << 40,
+		},
+		EnvelopeCache: envelopeCache,
+	})
+	if err != nil {
+		return nil, err
 	}
+	return mailbox.New(mailbox.Config{
+		Store:         st,
+		Apps:          map[string]mailbox.App{app: {Name: app}},
+		Now:           now,
+		DetachSockets: true, // as the binary serves them
+	})
 }
 
 // loopback is where the in-process comparisons listen.
@@ -119,12 +129,10 @@ const loopback = relayserve.Loopback
 // startOurs serves, on addr, our handler as the binary does
 // (relayserve.Mailbox: fastpath/server with the binary's buffer sizes,
 // timeouts and JSON error answers, and no connection caps), with an
-// envelope cache of envelopeCache bytes (mailbox.Config.EnvelopeCache:
+// envelope cache of envelopeCache bytes (mailboxlocal.Config.EnvelopeCache:
 // 0 the default, negative none).
 func startOurs(addr string, log *store.EnvelopeLog, now func() time.Time, envelopeCache int) (*relay, *mailbox.Handler, error) {
-	cfg := ourConfig(log, now)
-	cfg.EnvelopeCache = envelopeCache
-	h, err := mailbox.New(cfg)
+	h, err := ourHandler(log, now, envelopeCache)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -46,13 +46,11 @@ func newDirectFixture(tb testing.TB) directFixture {
 	if err := seed(log, clock.Now, 1, storedPerFixture, 1024); err != nil {
 		tb.Fatal(err)
 	}
-	h, err := mailbox.New(ourConfig(log, clock.Now))
+	h, err := ourHandler(log, clock.Now, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg := ourConfig(log, clock.Now)
-	cfg.EnvelopeCache = -1
-	uncached, err := mailbox.New(cfg)
+	uncached, err := ourHandler(log, clock.Now, -1)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"edgerelay/push/apns"
 	"edgerelay/push/pushtest"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 // The benchmark's app and the bearer every mailbox is claimed with
@@ -116,18 +117,26 @@ func NewRig(tb testing.TB, o Options) *Rig {
 	}
 	clock := relayserve.NewStepClock(clockStep)
 	reg := prometheus.NewRegistry()
+	st, err := mailboxlocal.New(mailboxlocal.Config{
+		Log: store.NewEnvelopeLog(db),
+		Limits: store.MailboxLimits{
+			Idle:           relayserve.IdleForever,
+			MaxStored:      1 << 30, // rounds never fill a direction
+			MaxStoredBytes: 1 << 40,
+		},
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	h, err := mailbox.New(mailbox.Config{
-		Store: store.NewEnvelopeLog(db),
+		Store: st,
 		Apps:  map[string]mailbox.App{app: {Name: app, PushTopic: topic}},
 		// Production logging, written nowhere: its cost is part of a push.
-		Log:            slog.New(slog.NewJSONHandler(io.Discard, nil)),
-		Idle:           relayserve.IdleForever,
-		MaxStored:      1 << 30, // rounds never fill a direction
-		MaxStoredBytes: 1 << 40,
-		Metrics:        mailbox.NewMetrics(reg),
-		Push:           mailbox.Pushers{APNs: ac},
-		DetachSockets:  true,
-		Now:            clock.Now,
+		Log:           slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		Metrics:       mailbox.NewMetrics(reg),
+		Push:          mailbox.Pushers{APNs: ac},
+		DetachSockets: true,
+		Now:           clock.Now,
 	})
 	if err != nil {
 		tb.Fatal(err)

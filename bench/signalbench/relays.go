@@ -9,6 +9,7 @@ import (
 	"edgerelay/bench/relayserve"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 // The benchmark's app, bearer and mailboxes are relayserve's, shared with
@@ -63,10 +64,13 @@ func StartOurs(dir string) (*Relay, error) {
 	if err != nil {
 		return nil, errors.Join(err, removeTmp())
 	}
+	st, err := mailboxlocal.New(mailboxlocal.Config{Log: store.NewEnvelopeLog(db), Limits: store.MailboxLimits{Idle: relayserve.IdleForever}})
+	if err != nil {
+		return nil, errors.Join(err, db.Close(), removeTmp())
+	}
 	h, err := mailbox.New(mailbox.Config{
-		Store:          store.NewEnvelopeLog(db),
+		Store:          st,
 		Apps:           map[string]mailbox.App{app: {Name: app, Signal: true}},
-		Idle:           relayserve.IdleForever,
 		PingInterval:   pingInterval,
 		SilenceTimeout: silenceTimeout,
 		DetachSockets:  true,

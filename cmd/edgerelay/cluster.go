@@ -15,6 +15,7 @@ import (
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
 	"edgerelay/store/cluster/pushkv"
+	"edgerelay/store/mailboxlocal"
 	"edgerelay/store/natsembed"
 )
 
@@ -132,6 +133,25 @@ func sharesState(s config.Service) bool {
 	default:
 		return false
 	}
+}
+
+// mailboxLimits are the mailbox's bounds from the settings.
+func mailboxLimits(cfg config.Config) store.MailboxLimits {
+	return store.MailboxLimits{
+		Idle: cfg.Mailbox.Idle, MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
+	}.WithDefaults()
+}
+
+// mailboxes is the mailbox relay's store: this node's Pebble with the
+// mailboxes in use in memory, or the cluster's.
+func (r *relay) mailboxes(ctx context.Context, cfg config.Config, db *store.DB, log *slog.Logger) (store.Mailboxes, error) {
+	if r.cluster == nil {
+		return mailboxlocal.New(mailboxlocal.Config{
+			Log: store.NewEnvelopeLog(db), Limits: mailboxLimits(cfg),
+			EnvelopeCache: envelopeCache(cfg.Mailbox.EnvelopeCache), Logger: log,
+		})
+	}
+	return nil, errors.New("mailbox: no cluster backend yet")
 }
 
 // channelClaims is the private channel's durable state: this node's

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"edgerelay/cmd/edgerelay/config"
-	"edgerelay/fastpath/mailbox"
+	"edgerelay/store/mailboxlocal"
 )
 
 // RELAY_ENVELOPE_CACHE=0 (or empty) keeps no cache, where the mailbox
@@ -30,7 +30,7 @@ func TestEnvelopeCacheSetting(t *testing.T) {
 			t.Errorf("RELAY_ENVELOPE_CACHE=%q: mailbox.Config.EnvelopeCache %d, want %d", tc.env, got, tc.want)
 		}
 	}
-	if got := envelopeCache(mailbox.DefaultEnvelopeCache); got != mailbox.DefaultEnvelopeCache {
+	if got := envelopeCache(mailboxlocal.DefaultEnvelopeCache); got != mailboxlocal.DefaultEnvelopeCache {
 		t.Errorf("the default maps to %d", got)
 	}
 }

@@ -194,12 +194,15 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		if err != nil {
 			return nil, err
 		}
+		mlog := log.With("service", "mailbox")
+		mailboxes, err := r.mailboxes(ctx, cfg, db, mlog)
+		if err != nil {
+			return nil, err
+		}
 		h, err := mailbox.New(mailbox.Config{
-			Store: store.NewEnvelopeLog(db), Apps: apps, Log: log.With("service", "mailbox"),
-			Idle: cfg.Mailbox.Idle, MaxEnvelope: cfg.Mailbox.MaxEnvelope,
-			MaxStored: cfg.Mailbox.MaxStored, MaxStoredBytes: cfg.Mailbox.MaxStoredBytes,
-			EnvelopeCache: envelopeCache(cfg.Mailbox.EnvelopeCache),
-			Metrics:       mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
+			Store: mailboxes, Apps: apps, Log: mlog,
+			SweepEvery: min(cfg.Mailbox.Idle/4, time.Minute), MaxEnvelope: cfg.Mailbox.MaxEnvelope,
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
 		})
 		if err != nil {
 			return nil, err

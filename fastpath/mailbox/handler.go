@@ -6,15 +6,15 @@ package mailbox
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/fastpath/envcache"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/ws"
 	"edgerelay/store"
@@ -22,36 +22,21 @@ import (
 
 // Config wires a Handler.
 type Config struct {
-	Store *store.EnvelopeLog
+	// Store keeps the mailboxes and makes their decisions (who holds one,
+	// whether an envelope is new, over a limit): store/mailboxlocal on a
+	// single node, store/cluster/mailboxjs in a cluster.
+	Store store.Mailboxes
 	Apps  map[string]App
 	Log   *slog.Logger
-	// Idle is RELAY_IDLE: a mailbox with no claim and no write for this
-	// long is gone.
-	Idle time.Duration
-	// TouchEvery is how far a mailbox's last activity may run ahead of
-	// what the store holds: a write stores the mailbox's record beside
-	// the envelope only when it has moved this far, and a crash can make
-	// a mailbox expire that much early. 0 (what serve uses) is a
-	// hundredth of Idle, at most a minute. The benchmarks, whose clock
-	// moves a second per reading, set it beyond their run so that, as
-	// with a real clock at thousands of writes per second, a write
-	// almost never carries the record.
-	TouchEvery time.Duration
-	// MaxEnvelope, MaxStored, MaxStoredBytes: RELAY_MAX_ENVELOPE,
-	// RELAY_MAX_STORED, RELAY_MAX_STORED_BYTES.
-	MaxEnvelope, MaxStored, MaxStoredBytes int
+	// SweepEvery is how often Run asks the store to expire idle
+	// mailboxes (default a minute; serve uses RELAY_IDLE/4 when shorter).
+	SweepEvery time.Duration
+	// MaxEnvelope is RELAY_MAX_ENVELOPE.
+	MaxEnvelope int
 	// PingInterval (30 s) and SilenceTimeout (75 s) of watch sockets.
 	PingInterval, SilenceTimeout time.Duration
 	// MaxBehind is how far a watcher may fall behind before 1013 (1 MiB).
 	MaxBehind int
-	// EnvelopeCache is RELAY_ENVELOPE_CACHE: the bytes of recently read
-	// envelopes kept in memory, so that reading one again skips Pebble's
-	// read path. 0 is DefaultEnvelopeCache; negative, none.
-	EnvelopeCache int
-	// MaxLoaded bounds the mailboxes kept in memory (see cache): 0 is
-	// DefaultMaxLoaded. Past it, a mailbox nothing holds is dropped and
-	// read from the store again when next used.
-	MaxLoaded int
 	Metrics   *Metrics
 	// ICE configures the ice endpoint of apps that enable it.
 	ICE ICEConfig
@@ -68,18 +53,22 @@ type Config struct {
 
 // Handler serves the mailbox endpoints.
 type Handler struct {
-	cfg   Config
-	apps  map[string]*App
-	log   *slog.Logger
-	m     *Metrics
-	cache *cache
-	// envs holds copies of recent envelopes (nil: none), keyed by the
-	// mailbox's epoch.
-	envs   *envcache.Cache
+	cfg  Config
+	apps map[string]*App
+	log  *slog.Logger
+	m    *Metrics
+	// seed keys the per-mailbox rate-limit buckets by the name's hash.
+	seed   maphash.Seed
 	limits *limits
-	group  ws.Group
+	// signals holds the signal sockets of this node's mailboxes.
+	signals *signalRooms
+	group   ws.Group
 	// pushJobs queues wake-ups for the push senders (bounded).
 	pushJobs chan pushJob
+	// names pools the buffers a request's mailbox name is built in: the
+	// name is handed to the store through an interface, so a stack buffer
+	// would escape (one allocation per request).
+	names sync.Pool
 }
 
 // Limits of the spec.
@@ -87,19 +76,9 @@ const (
 	maxBatchLimit   = 1000
 	defaultBatch    = 100
 	maxBatchBytes   = 4 << 20
-	maxWatchers     = 8
 	foregroundFor   = 45 * time.Second
 	minEnvelopeSize = 25
 )
-
-// DefaultEnvelopeCache is RELAY_ENVELOPE_CACHE's default: 32 MiB.
-const DefaultEnvelopeCache = 32 << 20
-
-// DefaultMaxLoaded is how many mailboxes stay in memory by default:
-// 131,072 entries of about 500 bytes each (both directions loaded and a
-// rate-limit bucket; TestLoadedMailboxBytes measures it) are about 64 MiB
-// at most.
-const DefaultMaxLoaded = 1 << 17
 
 // WriteBufferSize is the mailbox listener's answer buffer (see
 // server.Service): 16 answers of 1 KiB envelopes to pipelined GETs leave
@@ -116,17 +95,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Idle <= 0 {
-		cfg.Idle = 720 * time.Hour
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = time.Minute
 	}
 	if cfg.MaxEnvelope <= 0 {
 		cfg.MaxEnvelope = 65536
-	}
-	if cfg.MaxStored <= 0 {
-		cfg.MaxStored = 4096
-	}
-	if cfg.MaxStoredBytes <= 0 {
-		cfg.MaxStoredBytes = 32 << 20
 	}
 	if cfg.PingInterval <= 0 {
 		cfg.PingInterval = 30 * time.Second
@@ -140,14 +113,6 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	if cfg.EnvelopeCache == 0 {
-		cfg.EnvelopeCache = DefaultEnvelopeCache
-	}
-	if cfg.MaxLoaded <= 0 {
-		cfg.MaxLoaded = DefaultMaxLoaded
-	}
-	envs := envcache.New(cfg.EnvelopeCache)
-	cfg.Metrics.envelopeCache.Store(envs)
 	lim, err := newLimits()
 	if err != nil {
 		return nil, err
@@ -159,9 +124,19 @@ func New(cfg Config) (*Handler, error) {
 		}
 		apps[name] = &a
 	}
-	h := &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, cache: newCache(cfg.MaxLoaded), envs: envs, limits: lim,
-		pushJobs: make(chan pushJob, pushQueue)}
-	cfg.Metrics.loaded.Store(h.cache)
+	if cfg.Store == nil {
+		return nil, errors.New("mailbox: no store")
+	}
+	h := &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, seed: maphash.MakeSeed(), limits: lim,
+		signals: newSignalRooms(), pushJobs: make(chan pushJob, pushQueue)}
+	h.names.New = func() any { return new([store.MaxMailboxName]byte) }
+	if r, ok := cfg.Store.(store.MailboxStatsReporter); ok {
+		cfg.Metrics.stats.Store(&r)
+	}
+	// Every node closes its sockets of a mailbox erased or expired
+	// anywhere (a watch ends by itself; signal sockets are this
+	// handler's).
+	cfg.Store.OnGone(h.signals.closeAll)
 	return h, nil
 }
 
@@ -187,60 +162,59 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 		errUnauthorized.answer(ctx)
 		return
 	}
-	var nb [store.MaxMailboxName]byte
+	nb := h.names.Get().(*[store.MaxMailboxName]byte)
+	defer h.names.Put(nb)
 	name := append(append(append(nb[:0], r.app.Name...), '/'), r.id...)
 	now := h.cfg.Now().UnixNano()
 	tokHash := httpx.Hash(tok)
 
 	method := string(ctx.Method())
-	claim := r.kind == routeMailbox && method == fasthttp.MethodPut
-	if claim && len(ctx.Request.Body()) != 0 {
-		errBadRequest.answer(ctx)
+	if r.kind == routeMailbox && method == fasthttp.MethodPut {
+		if len(ctx.Request.Body()) != 0 {
+			errBadRequest.answer(ctx)
+			return
+		}
+		h.claim(ctx, name, tokHash, now)
 		return
 	}
-	m := h.mailboxFor(ctx, name, tokHash, now, claim)
-	if m == nil {
+	m, err := h.cfg.Store.Open(context.Background(), name, tokHash, now)
+	if err != nil {
+		h.refuse(ctx, err)
 		return
 	}
-	defer h.cache.release(m)
-	if claim {
-		h.claim(ctx, m, tokHash, now)
-		return
-	}
-	if ok := h.authorize(ctx, m, tokHash, now); !ok {
-		return
-	}
+	defer m.Release()
+	key := maphash.Bytes(h.seed, name)
 	switch {
 	case r.kind == routeMailbox && method == fasthttp.MethodDelete:
-		if h.take(ctx, h.limits.fetches, m.key, now) {
+		if h.take(ctx, h.limits.fetches, key, now) {
 			h.erase(ctx, m)
 		}
 	case r.kind == routeEnvelope && method == fasthttp.MethodPut:
-		h.put(ctx, m, r, tok, now)
+		h.put(ctx, m, r, tok, tokHash, now)
 	case r.kind == routeEnvelope && (method == fasthttp.MethodGet || method == fasthttp.MethodHead):
-		if h.take(ctx, h.limits.fetches, m.key, now) {
+		if h.take(ctx, h.limits.fetches, key, now) {
 			h.getOne(ctx, m, r, method == fasthttp.MethodHead)
 		}
 	case r.kind == routeDirection && method == fasthttp.MethodGet:
-		if h.take(ctx, h.limits.fetches, m.key, now) {
+		if h.take(ctx, h.limits.fetches, key, now) {
 			h.batch(ctx, m, r)
 		}
 	case r.kind == routeDirection && method == fasthttp.MethodHead:
-		if h.take(ctx, h.limits.fetches, m.key, now) {
+		if h.take(ctx, h.limits.fetches, key, now) {
 			h.head(ctx, m, r)
 		}
 	case r.kind == routeDirection && method == fasthttp.MethodDelete:
-		if h.take(ctx, h.limits.fetches, m.key, now) {
+		if h.take(ctx, h.limits.fetches, key, now) {
 			h.prune(ctx, m, r)
 		}
 	case r.kind == routeWatch && method == fasthttp.MethodGet:
-		h.watch(ctx, m, r, now)
+		h.watch(ctx, m, r, key, now)
 	case r.kind == routeSignal && method == fasthttp.MethodGet:
-		h.signal(ctx, m, r, now)
+		h.signal(ctx, m, r, key, tokHash, now)
 	case r.kind == routeICE && method == fasthttp.MethodGet:
-		h.ice(ctx, m, now)
+		h.ice(ctx, key, now)
 	case r.kind == routePush:
-		h.register(ctx, m, r, tok, now)
+		h.register(ctx, m, r, tok, key, now)
 	default:
 		errNotFound.answer(ctx)
 	}
@@ -282,74 +256,16 @@ func (h *Handler) take(ctx *fasthttp.RequestCtx, set interface {
 	return ok
 }
 
-// touchEvery is Config.TouchEvery in nanoseconds, its default filled in.
-func (h *Handler) touchEvery() int64 {
-	if h.cfg.TouchEvery > 0 {
-		return int64(h.cfg.TouchEvery)
-	}
-	return min(int64(h.cfg.Idle)/100, int64(time.Minute))
-}
-
-// expired reports whether a loaded mailbox has been idle too long (mu held).
-func (h *Handler) expired(m *mailbox, now int64) bool {
-	return m.exists && now-m.rec.LastActive > int64(h.cfg.Idle)
-}
-
-// authorize checks that the mailbox exists (and has not expired) and that
-// tok is its token; it answers 404 or 403 otherwise.
-func (h *Handler) authorize(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, now int64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.lastUse = now
-	if err := m.load(h.cfg.Store); err != nil {
-		h.internal(ctx, err)
-		return false
-	}
-	if !m.exists || h.expired(m, now) {
-		errNotFound.answer(ctx)
-		return false
-	}
-	if subtle.ConstantTimeCompare(m.rec.Token[:], tok[:]) != 1 {
-		errForbidden.answer(ctx)
-		return false
-	}
-	return true
-}
-
-// mailboxFor returns the mailbox of a request, held (release it), or nil
-// when it has answered. A mailbox in memory is returned as it is, for
-// authorize or claim to decide under its lock. One that is not is first
-// read from the store without making an entry, and only a request that
-// would pass authorize (or a claim that would not be 409) makes one: a
-// refused request keeps nothing, so unauthenticated requests of random
-// ids cannot fill memory. The entry made loads the record again under its
-// lock, since the store may have changed between the two reads.
-func (h *Handler) mailboxFor(ctx *fasthttp.RequestCtx, name []byte, tok store.Hash, now int64, claim bool) *mailbox {
-	if m := h.cache.lookup(name); m != nil {
-		return m
-	}
-	key := string(name) // a miss reads the store anyway
-	rec, err := h.cfg.Store.Mailbox(key)
-	exists := err == nil
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		h.internal(ctx, fmt.Errorf("mailbox: peek %s: %w", key, err))
-		return nil
-	}
-	live := exists && now-rec.LastActive <= int64(h.cfg.Idle)
-	mine := live && subtle.ConstantTimeCompare(rec.Token[:], tok[:]) == 1
+// refuse answers an Open the store refused.
+func (h *Handler) refuse(ctx *fasthttp.RequestCtx, err error) {
 	switch {
-	case claim && live && !mine:
-		errTaken.answer(ctx)
-		return nil
-	case claim:
-	case !live:
+	case errors.Is(err, store.ErrNotFound):
 		errNotFound.answer(ctx)
-		return nil
-	case !mine:
+	case errors.Is(err, store.ErrForbidden):
 		errForbidden.answer(ctx)
-		return nil
+	default:
+		h.internal(ctx, err)
 	}
-	return h.cache.acquire(name)
 }
 
 func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
@@ -360,93 +276,44 @@ func (h *Handler) internal(ctx *fasthttp.RequestCtx, err error) {
 	errInternal.answer(ctx)
 }
 
-// claim is PUT /v1/<app>/mailbox/<id>.
-func (h *Handler) claim(ctx *fasthttp.RequestCtx, m *mailbox, tok store.Hash, now int64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.lastUse = now
-	if err := m.load(h.cfg.Store); err != nil {
-		h.internal(ctx, err)
-		return
-	}
-	expired := h.expired(m, now)
-	taken := m.exists && !expired && subtle.ConstantTimeCompare(m.rec.Token[:], tok[:]) != 1
-	if taken {
+// claim is PUT /v1/<app>/mailbox/<id>. A claim refused as taken spends no
+// token: like a 403, it keeps nothing for the mailbox (no bucket) for a
+// request it refuses, so whether another token holds it is asked first.
+func (h *Handler) claim(ctx *fasthttp.RequestCtx, name []byte, tok store.Hash, now int64) {
+	bg := context.Background()
+	switch m, err := h.cfg.Store.Open(bg, name, tok, now); {
+	case err == nil:
+		m.Release()
+	case errors.Is(err, store.ErrForbidden):
 		errTaken.answer(ctx)
 		return
-	}
-	// A claim refused as taken spends no token: like a 403, it keeps
-	// nothing for the mailbox (no bucket) for a request it refuses.
-	if !h.take(ctx, h.limits.fetches, m.key, now) {
+	case !errors.Is(err, store.ErrNotFound):
+		h.internal(ctx, err)
 		return
 	}
-	if m.exists && !expired {
-		// A heartbeat: restarts the idle timer like a write, durably.
-		rec := store.MailboxRecord{Token: tok, LastActive: now}
-		if err := h.cfg.Store.Claim(m.name, rec, m.persisted, false); err != nil {
-			h.internal(ctx, err)
-			return
-		}
-		m.rec, m.persisted = rec, now
+	if !h.take(ctx, h.limits.fetches, maphash.Bytes(h.seed, name), now) {
+		return
+	}
+	outcome, err := h.cfg.Store.Claim(bg, name, tok, now)
+	switch {
+	case err != nil:
+		h.internal(ctx, err)
+	case outcome == store.ClaimCreated:
+		h.m.mailboxesCreated.Inc()
+		ctx.SetStatusCode(fasthttp.StatusCreated)
+	case outcome == store.ClaimSame:
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
-		return
-	}
-	if expired {
-		h.waitInflight(m)
-		for _, c := range m.forget() {
-			c.Close(ws.CloseNormal, "mailbox expired")
-		}
-	}
-	rec := store.MailboxRecord{Token: tok, LastActive: now}
-	// Only an expired holder can have left anything behind (erase and
-	// the sweep remove everything at once); a fresh claim of a name never
-	// used writes no range deletion, which would slow every later read.
-	if err := h.cfg.Store.Claim(m.name, rec, 0, expired); err != nil {
-		h.internal(ctx, err)
-		return
-	}
-	m.exists, m.rec, m.persisted = true, rec, now
-	m.epoch = h.cache.nextEpoch()
-	for i := range m.dirs {
-		m.dirs[i].loaded = false
-	}
-	h.m.mailboxesCreated.Inc()
-	ctx.SetStatusCode(fasthttp.StatusCreated)
-}
-
-// waitInflight waits until no write of m is in flight (mu held on entry
-// and on return), so that an erase cannot be overtaken by a write's sync.
-func (h *Handler) waitInflight(m *mailbox) {
-	for {
-		var ch chan struct{}
-		for i := range m.dirs {
-			for seq := range m.dirs[i].inflight {
-				ch, _ = m.dirs[i].settled(seq)
-				break
-			}
-		}
-		if ch == nil {
-			return
-		}
-		m.mu.Unlock()
-		<-ch
-		m.mu.Lock()
+	default:
+		errTaken.answer(ctx)
 	}
 }
 
-// erase is DELETE /v1/<app>/mailbox/<id>.
-func (h *Handler) erase(ctx *fasthttp.RequestCtx, m *mailbox) {
-	m.mu.Lock()
-	h.waitInflight(m)
-	if err := h.cfg.Store.Erase(m.name); err != nil {
-		m.mu.Unlock()
+// erase is DELETE /v1/<app>/mailbox/<id>: the store ends every watch of
+// it on every node, and OnGone closes the signal sockets.
+func (h *Handler) erase(ctx *fasthttp.RequestCtx, m store.Mailbox) {
+	if err := m.Erase(context.Background()); err != nil {
 		h.internal(ctx, err)
 		return
-	}
-	conns := m.forget()
-	m.mu.Unlock()
-	for _, c := range conns {
-		c.Close(ws.CloseNormal, "mailbox erased")
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }

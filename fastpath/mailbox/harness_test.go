@@ -19,6 +19,7 @@ import (
 
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 // clock is a test clock the relay reads; tests move it to refill buckets
@@ -77,11 +78,18 @@ func start(t testing.TB, o opts) *relay {
 	}
 	c := &clock{}
 	c.ns.Store(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC).UnixNano())
+	mailboxes, err := mailboxlocal.New(mailboxlocal.Config{
+		Log:           store.NewEnvelopeLog(db),
+		Limits:        store.MailboxLimits{Idle: o.idle, TouchEvery: o.touchEvery, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes},
+		EnvelopeCache: o.envelopeCache,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := mailbox.New(mailbox.Config{
-		Store: store.NewEnvelopeLog(db), Apps: apps, Idle: o.idle, TouchEvery: o.touchEvery,
-		MaxEnvelope: o.maxEnvelope, MaxStored: o.maxStored, MaxStoredBytes: o.maxBytes,
+		Store: mailboxes, Apps: apps, MaxEnvelope: o.maxEnvelope,
 		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push, DetachSockets: true,
-		EnvelopeCache: o.envelopeCache, Metrics: o.metrics,
+		Metrics: o.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -48,8 +48,8 @@ type iceServer struct {
 }
 
 // ice is GET …/ice.
-func (h *Handler) ice(ctx *fasthttp.RequestCtx, m *mailbox, now int64) {
-	if !h.take(ctx, h.limits.ice, m.key, now) {
+func (h *Handler) ice(ctx *fasthttp.RequestCtx, key uint64, now int64) {
+	if !h.take(ctx, h.limits.ice, key, now) {
 		return
 	}
 	cfg := h.cfg.ICE

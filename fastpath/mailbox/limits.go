@@ -7,13 +7,13 @@ import (
 	"edgerelay/fastpath/bucket"
 )
 
-// limits are the per-mailbox token buckets of the spec, in memory only.
+// limits are the per-mailbox token buckets of the spec kept by the node
+// that serves the request (the envelope and push buckets are the store's,
+// decided with the write).
 type limits struct {
-	envelopes     *bucket.Set // envelopes stored: 120, 2/s
 	fetches       *bucket.Set // fetches, HEADs, prunes, claims, erases: 240, 4/s
 	connections   *bucket.Set // watch and signal sockets: 20, 1 per 5 s
 	signalFrames  *bucket.Set // per side: 400, 50/s
-	pushes        *bucket.Set // per direction: 20, 1 per 2 s
 	registrations *bucket.Set // push registrations: 10, 1/min
 	ice           *bucket.Set // ICE credentials: 6, 1 per 30 s
 }
@@ -33,11 +33,9 @@ func newLimits() (*limits, error) {
 		burst int
 		every time.Duration
 	}{
-		{&l.envelopes, 120, time.Second / 2},
 		{&l.fetches, 240, time.Second / 4},
 		{&l.connections, 20, 5 * time.Second},
 		{&l.signalFrames, 400, time.Second / 50},
-		{&l.pushes, 20, 2 * time.Second},
 		{&l.registrations, 10, time.Minute},
 		{&l.ice, 6, 30 * time.Second},
 	} {
@@ -49,7 +47,7 @@ func newLimits() (*limits, error) {
 }
 
 func (l *limits) all() []*bucket.Set {
-	return []*bucket.Set{l.envelopes, l.fetches, l.connections, l.signalFrames, l.pushes, l.registrations, l.ice}
+	return []*bucket.Set{l.fetches, l.connections, l.signalFrames, l.registrations, l.ice}
 }
 
 // sweep evicts idle full buckets so memory stays bounded under churn.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"edgerelay/fastpath/envcache"
+	"edgerelay/store"
 )
 
 // Metrics are the mailbox relay's Prometheus series; no label holds a
@@ -19,11 +19,18 @@ type Metrics struct {
 	signalSockets    prometheus.Gauge
 	signalFrames     prometheus.Counter
 	pushes           *prometheus.CounterVec
-	// envelopeCache is the handler's cache, read at scrape time (the
-	// series are created before the handler that owns the cache).
-	envelopeCache atomic.Pointer[envcache.Cache]
-	// loaded is the handler's cache of mailboxes, read at scrape time.
-	loaded atomic.Pointer[cache]
+	// stats is the store's figures, read at scrape time (the series are
+	// created before the handler and its store; nil: the store keeps no
+	// caches to report).
+	stats atomic.Pointer[store.MailboxStatsReporter]
+}
+
+// storeStats reads the store's figures (zero without a reporter).
+func (m *Metrics) storeStats() store.MailboxStats {
+	if r := m.stats.Load(); r != nil {
+		return (*r).MailboxStats()
+	}
+	return store.MailboxStats{}
 }
 
 // NewMetrics creates the series and registers them with reg (nil: unregistered).
@@ -39,24 +46,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		pushes:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgerelay_mailbox_pushes_total", Help: "Push wake-ups by outcome."}, []string{"outcome"}),
 	}
 	// Hits and misses are plain counters; only the bytes held need a
-	// walk of the cache's slots, once per scrape.
+	// walk of the envelope cache's slots, once per scrape.
 	cacheHits := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelope_cache_hits_total",
 		Help: "Envelope reads (GET, HEAD, a retried PUT) answered from the envelope cache."},
-		func() float64 { h, _ := m.envelopeCache.Load().Lookups(); return float64(h) })
+		func() float64 { return float64(m.storeStats().EnvelopeHits) })
 	cacheMisses := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelope_cache_misses_total",
 		Help: "Envelope reads that went to the store."},
-		func() float64 { _, mi := m.envelopeCache.Load().Lookups(); return float64(mi) })
+		func() float64 { return float64(m.storeStats().EnvelopeMisses) })
 	cacheBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgerelay_mailbox_envelope_cache_bytes",
 		Help: "Envelope bytes the envelope cache holds (RELAY_ENVELOPE_CACHE bounds it)."},
-		func() float64 { return float64(m.envelopeCache.Load().Stats().Bytes) })
+		func() float64 { return float64(m.storeStats().EnvelopeBytes) })
 	loaded := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgerelay_mailbox_loaded",
 		Help: "Mailboxes held in memory (authorized ones only; bounded, quiet ones evicted)."},
-		func() float64 {
-			if c := m.loaded.Load(); c != nil {
-				return float64(c.len())
-			}
-			return 0
-		})
+		func() float64 { return float64(m.storeStats().Loaded) })
 	if reg != nil {
 		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes,
 			cacheHits, cacheMisses, cacheBytes, loaded)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/httpx"
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/store"
@@ -224,7 +225,7 @@ func open(aead cipher.AEAD, sealed []byte) (registration, error) {
 }
 
 // register is PUT and DELETE of …/<dir>/push.
-func (h *Handler) register(ctx *fasthttp.RequestCtx, m *mailbox, r route, tok []byte, now int64) {
+func (h *Handler) register(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, tok []byte, key uint64, now int64) {
 	method := string(ctx.Method())
 	if method != fasthttp.MethodPut && method != fasthttp.MethodDelete {
 		errNotFound.answer(ctx)
@@ -234,14 +235,11 @@ func (h *Handler) register(ctx *fasthttp.RequestCtx, m *mailbox, r route, tok []
 		errTooLarge.answer(ctx)
 		return
 	}
-	if !h.take(ctx, h.limits.registrations, m.key, now) {
+	if !h.take(ctx, h.limits.registrations, key, now) {
 		return
 	}
 	if method == fasthttp.MethodDelete {
-		m.mu.Lock()
-		err := h.cfg.Store.DeletePushRegistration(m.name, r.dir)
-		m.mu.Unlock()
-		if err != nil {
+		if err := m.DeletePushRegistration(context.Background(), r.dir); err != nil {
 			h.internal(ctx, err)
 			return
 		}
@@ -263,24 +261,24 @@ func (h *Handler) register(ctx *fasthttp.RequestCtx, m *mailbox, r route, tok []
 		h.internal(ctx, err)
 		return
 	}
-	m.mu.Lock()
-	if !m.exists {
-		m.mu.Unlock()
+	switch err := m.SetPushRegistration(context.Background(), r.dir, sealed); {
+	case errors.Is(err, store.ErrNotFound): // erased since Open
 		errNotFound.answer(ctx)
 		return
-	}
-	err = h.cfg.Store.SetPushRegistration(m.name, r.dir, sealed)
-	m.mu.Unlock()
-	if err != nil {
+	case err != nil:
 		h.internal(ctx, err)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
-// pushJob is one wake-up to send after a write was acknowledged.
+// pushJob is one wake-up to send after a write was acknowledged. It
+// names the mailbox and the writer's token rather than holding the
+// mailbox: the sender opens it again, so a mailbox erased meanwhile wakes
+// nobody.
 type pushJob struct {
-	m      *mailbox
+	name   string
+	token  store.Hash
 	id     []byte
 	dir    byte
 	bearer []byte
@@ -288,25 +286,20 @@ type pushJob struct {
 	topic  string
 }
 
-// schedulePush queues a wake-up for the reader of r.dir, unless the reader
-// is in the foreground or the push bucket is empty (skipped silently).
-// It never blocks the write's answer.
-func (h *Handler) schedulePush(m *mailbox, r route, tok []byte, notify []byte, now int64) {
-	if len(notify) == 0 || r.app.PushTopic == "" {
-		return
-	}
-	m.mu.Lock()
-	foreground := m.dirs[dirIndex(r.dir)].foregroundUntil > now
-	m.mu.Unlock()
-	if foreground {
+// schedulePush queues a wake-up for the reader of r.dir after a write the
+// store stored with a push token (none when the reader was in the
+// foreground or the push bucket was empty: skipped silently). It never
+// blocks the write's answer.
+func (h *Handler) schedulePush(m store.Mailbox, r route, tok []byte, tokHash store.Hash, notify []byte, res store.PutResult) {
+	switch {
+	case res.Foreground:
 		h.m.pushes.WithLabelValues("foreground").Inc()
 		return
-	}
-	if ok, _ := h.limits.pushes.Take(dirKey(m.key, r.dir), now); !ok {
+	case !res.Push:
 		h.m.pushes.WithLabelValues("rate_limited").Inc()
 		return
 	}
-	job := pushJob{m: m, id: bytes.Clone(r.id), dir: r.dir, bearer: bytes.Clone(tok), notify: string(notify), topic: r.app.PushTopic}
+	job := pushJob{name: m.Name(), token: tokHash, id: bytes.Clone(r.id), dir: r.dir, bearer: bytes.Clone(tok), notify: string(notify), topic: r.app.PushTopic}
 	select {
 	case h.pushJobs <- job:
 	default:
@@ -340,7 +333,19 @@ func (h *Handler) SendPushes(ctx context.Context) {
 }
 
 func (h *Handler) sendPush(ctx context.Context, job pushJob) {
-	sealed, err := h.cfg.Store.PushRegistration(job.m.name, job.dir)
+	m, err := h.cfg.Store.Open(ctx, []byte(job.name), job.token, h.cfg.Now().UnixNano())
+	if err != nil { // erased, expired or re-claimed since the write: nobody to wake
+		h.m.pushes.WithLabelValues("unregistered").Inc()
+		return
+	}
+	defer m.Release()
+	// The write's node saw no foreground reader; one on another node
+	// counts too (asked here, off the write's path).
+	if m.Foreground(ctx, job.dir, h.cfg.Now().UnixNano()) {
+		h.m.pushes.WithLabelValues("foreground").Inc()
+		return
+	}
+	sealed, err := m.PushRegistration(ctx, job.dir)
 	if errors.Is(err, store.ErrNotFound) {
 		h.m.pushes.WithLabelValues("unregistered").Inc()
 		return
@@ -388,7 +393,7 @@ func (h *Handler) sendPush(ctx context.Context, job pushJob) {
 		return
 	}
 	if unregistered {
-		h.dropRegistration(job, sealed)
+		h.dropRegistration(ctx, m, job.dir, sealed)
 	}
 }
 
@@ -402,19 +407,15 @@ func (h *Handler) countResult(status int) {
 
 // dropRegistration deletes a registration the provider called stale,
 // unless the device registered again meanwhile.
-func (h *Handler) dropRegistration(job pushJob, sent []byte) {
-	m := job.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now, err := h.cfg.Store.PushRegistration(m.name, job.dir)
-	if err != nil || !bytes.Equal(now, sent) {
-		return
-	}
-	if err := h.cfg.Store.DeletePushRegistration(m.name, job.dir); err != nil {
+func (h *Handler) dropRegistration(ctx context.Context, m store.Mailbox, dir byte, sent []byte) {
+	dropped, err := m.DropPushRegistration(ctx, dir, sent)
+	if err != nil {
 		h.log.Error("stale registration delete failed", "err", err)
 		return
 	}
-	h.m.pushes.WithLabelValues("stale_removed").Inc()
+	if dropped {
+		h.m.pushes.WithLabelValues("stale_removed").Inc()
+	}
 }
 
 // apnsNotification builds the exact APNs request of the spec.
@@ -458,13 +459,18 @@ func jsonString(s string) string {
 }
 
 // HasRegistration reports whether a direction ("p2c" or "c2p") of the
-// mailbox named "<app>/<id>" holds a push registration, for tests and the
-// operator.
-func (h *Handler) HasRegistration(name, dir string) bool {
+// mailbox named "<app>/<id>", held by the bearer tok, holds a push
+// registration, for tests and the operator.
+func (h *Handler) HasRegistration(name, dir string, tok []byte) bool {
 	d := store.DirP2C
 	if dir == "c2p" {
 		d = store.DirC2P
 	}
-	_, err := h.cfg.Store.PushRegistration(name, d)
+	m, err := h.cfg.Store.Open(context.Background(), []byte(name), httpx.Hash(tok), h.cfg.Now().UnixNano())
+	if err != nil {
+		return false
+	}
+	defer m.Release()
+	_, err = m.PushRegistration(context.Background(), d)
 	return err == nil
 }

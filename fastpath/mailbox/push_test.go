@@ -227,7 +227,7 @@ func TestAPNsStaleRegistrationRemoved(t *testing.T) {
 func waitNoRegistration(t *testing.T, r *relay, dir string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for r.h.HasRegistration(mbName("chat"), dir) {
+	for r.h.HasRegistration(mbName("chat"), dir, []byte(token)) {
 		if time.Now().After(deadline) {
 			t.Fatal("stale registration kept")
 		}
@@ -259,7 +259,7 @@ func TestFCMPushesAndStale(t *testing.T) {
 	expect(t, r.put("chat", "c2p", 3, envelope(3, 5, 1), "X-Relay-Notify", "alert"), 201, "")
 	g.WaitSends(3, 10*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
-	for r.h.HasRegistration(mbName("chat"), "c2p") {
+	for r.h.HasRegistration(mbName("chat"), "c2p", []byte(token)) {
 		if time.Now().After(deadline) {
 			t.Fatal("UNREGISTERED registration kept")
 		}

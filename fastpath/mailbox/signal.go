@@ -1,11 +1,13 @@
 package mailbox
 
 import (
-	"sync/atomic"
+	"context"
+	"errors"
 
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ws"
+	"edgerelay/store"
 )
 
 // maxSignalFrame is the largest binary frame a signal socket forwards.
@@ -16,11 +18,6 @@ var (
 	peerDown = []byte("peer 0")
 )
 
-// signalSides holds the two sockets of a mailbox's signal rendezvous:
-// [0] primary, [1] companion. Frames look the other side up on every
-// forward, so the pointers are atomic rather than under the mailbox lock.
-type signalSides [2]atomic.Pointer[ws.Conn]
-
 func sideIndex(side byte) int {
 	if side == 'p' {
 		return 0
@@ -29,12 +26,12 @@ func sideIndex(side byte) int {
 }
 
 // signal is GET …/signal/<primary|companion>.
-func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64) {
+func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key uint64, tok store.Hash, now int64) {
 	if err := ws.CheckHandshake(ctx); err != nil {
 		refuseHandshake(ctx, err)
 		return
 	}
-	if !h.take(ctx, h.limits.connections, m.key, now) {
+	if !h.take(ctx, h.limits.connections, key, now) {
 		return
 	}
 	opts := ws.Options{
@@ -47,31 +44,31 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int6
 		Detach:         h.cfg.DetachSockets,
 	}
 	me, other := sideIndex(r.side), 1-sideIndex(r.side)
-	frameKey := dirKey(m.key, r.side)
+	frameKey := dirKey(key, r.side)
+	name := m.Name()
 	// Nothing is reserved for a signal side before its upgrade (the newer
-	// socket replaces the older one in serve). The mailbox is held from
-	// here until the socket ends, so that it cannot be evicted from
-	// memory before serve registers the socket; abandon lets it go.
-	m.refs.Add(1) // the request holds it too: no eviction races this
-	release := func() { h.cache.release(m) }
-	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), release, func(conn *ws.Conn) {
-		defer release()
+	// socket replaces the older one in serve).
+	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), nil, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
 		defer h.group.Remove(conn)
-		m.mu.Lock()
-		if !m.exists { // erased while upgrading
-			m.mu.Unlock()
-			conn.Close(ws.CloseNormal, "mailbox erased")
-			return
-		}
-		old := m.signal[me].Swap(conn)
-		peer := m.signal[other].Load()
-		m.mu.Unlock()
+		room := h.signals.join(name)
+		defer h.signals.leave(name, room)
+		room.mu.Lock()
+		old := room.sides[me].Swap(conn)
+		peer := room.sides[other].Load()
+		room.mu.Unlock()
 		if old != nil {
 			old.Close(ws.CloseReplaced, "replaced")
+		}
+		// An erase between the request's Open and the room above found no
+		// socket to close: ask again now that this one is in the room.
+		if !h.stillThere(name, tok) {
+			room.sides[me].CompareAndSwap(conn, nil)
+			conn.Close(ws.CloseNormal, "mailbox erased")
+			return
 		}
 		if peer != nil {
 			_ = peer.WriteText(peerUp)
@@ -79,20 +76,30 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int6
 		}
 		h.m.signalSockets.Inc()
 		defer h.m.signalSockets.Dec()
-		h.readSignal(m, conn, other, frameKey)
-		m.mu.Lock()
-		still := m.signal[me].CompareAndSwap(conn, nil)
-		peer = m.signal[other].Load()
-		m.mu.Unlock()
+		h.readSignal(room, conn, other, frameKey)
+		room.mu.Lock()
+		still := room.sides[me].CompareAndSwap(conn, nil)
+		peer = room.sides[other].Load()
+		room.mu.Unlock()
 		if still && peer != nil {
 			_ = peer.WriteText(peerDown)
 		}
 	})
 }
 
+// stillThere reports whether the mailbox name is still live for tok.
+func (h *Handler) stillThere(name string, tok store.Hash) bool {
+	m, err := h.cfg.Store.Open(context.Background(), []byte(name), tok, h.cfg.Now().UnixNano())
+	if err != nil {
+		return !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrForbidden)
+	}
+	m.Release()
+	return true
+}
+
 // readSignal forwards binary frames to the other side until the socket
 // ends. Frames are never stored and never read.
-func (h *Handler) readSignal(m *mailbox, conn *ws.Conn, other int, frameKey uint64) {
+func (h *Handler) readSignal(room *signalRoom, conn *ws.Conn, other int, frameKey uint64) {
 	for {
 		op, msg, err := conn.ReadMessage()
 		if err != nil {
@@ -104,7 +111,7 @@ func (h *Handler) readSignal(m *mailbox, conn *ws.Conn, other int, frameKey uint
 				conn.Close(ws.ClosePolicyViolation, "signal frames too fast")
 				return
 			}
-			if peer := m.signal[other].Load(); peer != nil {
+			if peer := room.sides[other].Load(); peer != nil {
 				_ = peer.WriteBinary(msg) // a full queue closes that peer with 1013
 				h.m.signalFrames.Inc()
 			}

@@ -4,16 +4,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/fasthttp/websocket"
 	"github.com/valyala/fasthttp"
 
-	"edgerelay/fastpath/bucket"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 const (
@@ -25,8 +23,15 @@ const (
 // clock the test moves.
 type stateHandler struct {
 	h   *Handler
+	st  *mailboxlocal.Store
 	now int64
 }
+
+// loaded is how many mailboxes the store holds in memory.
+func (s *stateHandler) loaded() int { return s.st.MailboxStats().Loaded }
+
+// evict drops every mailbox nothing holds from memory.
+func (s *stateHandler) evict() { s.st.Evict(s.now + 1) }
 
 func newStateHandler(t testing.TB, maxLoaded int) *stateHandler {
 	t.Helper()
@@ -44,7 +49,12 @@ func newStateHandler(t testing.TB, maxLoaded int) *stateHandler {
 		t.Fatal(err)
 	}
 	s := &stateHandler{now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
-	h, err := New(Config{Store: store.NewEnvelopeLog(db), Apps: apps, MaxLoaded: maxLoaded,
+	st, err := mailboxlocal.New(mailboxlocal.Config{Log: store.NewEnvelopeLog(db), MaxLoaded: maxLoaded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.st = st
+	h, err := New(Config{Store: st, Apps: apps,
 		ICE: ICEConfig{Secret: "s", URLs: []string{"turn:127.0.0.1:3478"}},
 		Now: func() time.Time { return time.Unix(0, s.now) }})
 	if err != nil {
@@ -132,16 +142,16 @@ func TestRefusedRequestsKeepNothing(t *testing.T) {
 			}
 		}
 	}
-	if n, b := s.h.cache.len(), s.bucketsHeld(); n != 0 || b != 0 {
+	if n, b := s.loaded(), s.bucketsHeld(); n != 0 || b != 0 {
 		t.Fatalf("requests of missing mailboxes left %d mailboxes and %d buckets in memory, want 0", n, b)
 	}
 	// A mailbox another token holds: 403 for each path, 409 for a claim.
 	if got := s.do("PUT", "/v1/chat/mailbox/held000000000001", stateToken, nil); got != 201 {
 		t.Fatalf("claim: %d", got)
 	}
-	s.h.cache.evictIdle(s.now + 1) // out of memory: the refusals below must read the store
+	s.evict() // out of memory: the refusals below must read the store
 	s.h.limits.sweep(s.now + int64(time.Hour))
-	if n, b := s.h.cache.len(), s.bucketsHeld(); n != 0 || b != 0 {
+	if n, b := s.loaded(), s.bucketsHeld(); n != 0 || b != 0 {
 		t.Fatalf("after eviction %d mailboxes, %d buckets; want 0", n, b)
 	}
 	for range 3 {
@@ -154,7 +164,7 @@ func TestRefusedRequestsKeepNothing(t *testing.T) {
 			t.Fatalf("claim of a held mailbox: %d, want 409", got)
 		}
 	}
-	if n, b := s.h.cache.len(), s.bucketsHeld(); n != 0 || b != 0 {
+	if n, b := s.loaded(), s.bucketsHeld(); n != 0 || b != 0 {
 		t.Fatalf("refused requests left %d mailboxes and %d buckets in memory, want 0", n, b)
 	}
 	// The same requests refused while the mailbox is in memory add no
@@ -163,7 +173,7 @@ func TestRefusedRequestsKeepNothing(t *testing.T) {
 		t.Fatalf("HEAD by the holder: %d", got)
 	}
 	held := s.bucketsHeld()
-	if n := s.h.cache.len(); n != 1 || held != 1 {
+	if n := s.loaded(); n != 1 || held != 1 {
 		t.Fatalf("the holder's HEAD: %d mailboxes, %d buckets; want 1 and 1", n, held)
 	}
 	if got := s.do("PUT", "/v1/chat/mailbox/held000000000001", stateOther, nil); got != 409 {
@@ -185,17 +195,17 @@ func TestExpiredMailboxNotInMemoryIs404(t *testing.T) {
 	if got := s.do("PUT", path, stateToken, nil); got != 201 {
 		t.Fatalf("claim: %d", got)
 	}
-	s.h.cache.evictIdle(s.now + 1)
-	s.now += int64(s.h.cfg.Idle) // at the limit: still there
+	s.evict()
+	s.now += int64(store.DefaultMailboxLimits().Idle) // at the limit: still there
 	if got := s.do("HEAD", path+"/p2c", stateToken, nil); got != 200 {
 		t.Fatalf("HEAD at the idle limit: %d, want 200", got)
 	}
-	s.h.cache.evictIdle(s.now + 1)
+	s.evict()
 	s.now++ // one past it
 	if got := s.do("HEAD", path+"/p2c", stateToken, nil); got != 404 {
 		t.Fatalf("HEAD one past the idle limit: %d, want 404", got)
 	}
-	if n := s.h.cache.len(); n != 0 {
+	if n := s.loaded(); n != 0 {
 		t.Fatalf("the 404 kept %d mailboxes in memory", n)
 	}
 	if got := s.do("PUT", path, stateOther, nil); got != 201 {
@@ -203,11 +213,11 @@ func TestExpiredMailboxNotInMemoryIs404(t *testing.T) {
 	}
 }
 
-// TestCacheBoundEvictsQuietEntries: past MaxLoaded an insert evicts an
-// entry nothing holds; a held one (a request in progress) or a busy one
-// (a watcher) stays, and the evicted mailbox is read from the store again.
+// TestCacheBoundEvictsQuietEntries: past MaxLoaded the store evicts
+// entries nothing holds (store/mailboxlocal tests which ones), and an
+// evicted mailbox is read from the store again.
 func TestCacheBoundEvictsQuietEntries(t *testing.T) {
-	const maxLoaded = cacheShards * 2
+	const maxLoaded = 64 * 2 // two entries in each of the store cache's shards
 	s := newStateHandler(t, maxLoaded)
 	for i := range 3 * maxLoaded {
 		path := fmt.Sprintf("/v1/chat/mailbox/bound%016d", i)
@@ -219,7 +229,7 @@ func TestCacheBoundEvictsQuietEntries(t *testing.T) {
 		}
 		s.now += int64(time.Millisecond)
 	}
-	if n := s.h.cache.len(); n > maxLoaded {
+	if n := s.loaded(); n > maxLoaded {
 		t.Fatalf("%d mailboxes in memory, bound %d", n, maxLoaded)
 	}
 	// Every mailbox still answers from the store after its eviction.
@@ -230,85 +240,6 @@ func TestCacheBoundEvictsQuietEntries(t *testing.T) {
 		}
 	}
 
-	// At a shard's share nothing is evicted; one past it, the least
-	// recently used entry is.
-	edge := newCache(cacheShards * 2) // two a shard
-	var same []string
-	want, _ := edge.shard([]byte("chat/edge0"))
-	for i := 0; len(same) < 3; i++ {
-		name := "chat/edge" + strconv.Itoa(i)
-		if sh, _ := edge.shard([]byte(name)); sh == want {
-			same = append(same, name)
-		}
-	}
-	for i, name := range same[:2] {
-		m := edge.acquire([]byte(name))
-		m.lastUse = int64(i + 1)
-		edge.release(m)
-	}
-	if n := len(want.m); n != 2 {
-		t.Fatalf("at the share: %d entries, want 2", n)
-	}
-	edge.release(edge.acquire([]byte(same[2])))
-	if _, ok := want.m[same[0]]; ok || len(want.m) != 2 {
-		t.Fatalf("one past the share: entries %v, want the least recently used (%s) evicted", want.m, same[0])
-	}
-
-	// Held and busy entries are never evicted, even past the bound.
-	c := newCache(cacheShards) // one entry per shard
-	held := c.acquire([]byte("chat/held"))
-	busy := c.acquire([]byte("chat/busy"))
-	busy.dirs[0].pendingWatchers = 1
-	c.release(busy)
-	for i := range 10 * cacheShards {
-		c.release(c.acquire([]byte("chat/filler" + strconv.Itoa(i))))
-	}
-	for _, want := range []*mailbox{held, busy} {
-		if got := c.lookup([]byte(want.name)); got != want {
-			t.Fatalf("%s was evicted while held or busy", want.name)
-		} else {
-			c.release(got)
-		}
-	}
-	c.release(held)
-	busy.dirs[0].pendingWatchers = 0
-	if n := c.len(); n > cacheShards+2 {
-		t.Fatalf("%d entries, bound %d (+2 held)", n, cacheShards)
-	}
-}
-
-// TestLoadedMailboxBytes measures what one mailbox in memory costs (both
-// directions loaded, its fetch bucket), the figure DefaultMaxLoaded's
-// comment quotes; it fails if an entry grows past 1 KiB.
-func TestLoadedMailboxBytes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measures the heap")
-	}
-	c := newCache(1 << 20)
-	set, err := bucket.NewSet(bucket.Config{Burst: 240, Interval: time.Second / 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 20000
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	for i := range n {
-		m := c.acquire([]byte("chat/AAECAwQFBgcICQoLDA" + strconv.Itoa(1000000+i)))
-		m.loaded, m.exists = true, true
-		m.dirs[0].loaded, m.dirs[1].loaded = true, true
-		set.Take(m.key, 1)
-		c.release(m)
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	per := float64(after.HeapAlloc-before.HeapAlloc) / n
-	t.Logf("%.0f bytes per mailbox in memory", per)
-	if per > 1024 {
-		t.Fatalf("%.0f bytes per mailbox in memory, want at most 1 KiB", per)
-	}
-	runtime.KeepAlive(c)
-	runtime.KeepAlive(set)
 }
 
 // TestAuthorizedReadsAllocNothing: the hold on a cached mailbox (lookup
@@ -348,24 +279,10 @@ func TestAuthorizedReadsAllocNothing(t *testing.T) {
 	}
 }
 
-// peekRefs is the holds on the entry of name, without taking one; ok is
-// false when it is not in memory.
-func (c *cache) peekRefs(name string) (refs int32, ok bool) {
-	s, _ := c.shard([]byte(name))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.m[name]
-	if m == nil {
-		return 0, false
-	}
-	return m.refs.Load(), true
-}
-
-// TestSignalSocketHoldsItsMailbox: a signal socket holds its mailbox in
-// memory from before its upgrade until it ends (nothing else marks the
-// mailbox busy between the answer and serve), and gives the hold back when
-// it ends, so the entry can be evicted again.
-func TestSignalSocketHoldsItsMailbox(t *testing.T) {
+// TestSignalSocketKeepsARoom: a signal socket has its mailbox's room from
+// its upgrade until it ends, and the room goes with the last socket, so
+// rooms follow the open sockets.
+func TestSignalSocketKeepsARoom(t *testing.T) {
 	s := newStateHandler(t, 0)
 	s.h.cfg.DetachSockets = true
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -385,25 +302,17 @@ func TestSignalSocketHoldsItsMailbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if refs, ok := s.h.cache.peekRefs(name); !ok || refs != 1 {
-		t.Fatalf("open signal socket: %d holds (in memory %v), want 1", refs, ok)
+	waitRooms := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for s.h.signals.len() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d signal rooms, want %d", s.h.signals.len(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
-	if n := s.h.cache.evictIdle(s.now + int64(time.Hour)); n != 0 {
-		t.Fatalf("evicted %d mailboxes with an open signal socket", n)
-	}
+	waitRooms(1)
 	c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		refs, _ := s.h.cache.peekRefs(name)
-		if refs == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d holds left after the socket ended", refs)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := s.h.cache.evictIdle(s.now + int64(time.Hour)); n != 1 {
-		t.Fatalf("evicted %d mailboxes after the socket ended, want 1", n)
-	}
+	waitRooms(0)
 }

@@ -7,6 +7,7 @@ import (
 
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
+	"edgerelay/store/mailboxlocal"
 )
 
 // A store that refuses writes (here: a reserve larger than any disk)
@@ -22,7 +23,11 @@ func TestStoreRefusingWritesAnswers503(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := mailbox.New(mailbox.Config{Store: store.NewEnvelopeLog(db), Apps: apps})
+	st, err := mailboxlocal.New(mailboxlocal.Config{Log: store.NewEnvelopeLog(db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := mailbox.New(mailbox.Config{Store: st, Apps: apps})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,51 +2,21 @@ package mailbox
 
 import (
 	"context"
-	"slices"
-	"sync"
+	"errors"
 
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ws"
+	"edgerelay/store"
 )
 
 // watchSubprotocol is the subprotocol a watch socket is answered with.
 const watchSubprotocol = "zerobyte.v1"
 
-// watcher is one watch socket. While it replays stored envelopes, live
-// ones are only noted (by sequence) and sent after the replay, so that the
-// reader sees every envelope above after exactly once.
-type watcher struct {
-	conn *ws.Conn
-
-	mu        sync.Mutex
-	replaying bool
-	missed    []uint64 // live sequences stored during the replay
-	// skip holds sequences the replay already sent whose writes were
-	// visible in the store but had not yet reached deliver when the
-	// replay ended: deliver drops them once.
-	skip map[uint64]struct{}
-}
-
-// deliver sends a newly stored envelope (mailbox mu held).
-func (w *watcher) deliver(seq uint64, env []byte) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.replaying {
-		w.missed = append(w.missed, seq)
-		return
-	}
-	if _, dup := w.skip[seq]; dup {
-		delete(w.skip, seq)
-		return
-	}
-	// A full queue closes the socket with 1013; the reader resumes with
-	// after = the last sequence it holds, and nothing is lost.
-	_ = w.conn.WriteBinary(env)
-}
-
-// watch is GET …/<dir>/watch?after=<seq>.
-func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64) {
+// watch is GET …/<dir>/watch?after=<seq>. The store delivers (the stored
+// envelopes above after, then each new one, each once, written through
+// any node); the socket's queue bounds how far the reader may fall behind.
+func (h *Handler) watch(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key uint64, now int64) {
 	args := ctx.QueryArgs()
 	after := uint64(0)
 	if args.Has("after") {
@@ -61,24 +31,21 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		return
 	}
 	proto := offeredSubprotocol(ctx)
-	m.mu.Lock()
-	d, err := m.direction(h.cfg.Store, r.dir)
-	if err != nil {
-		m.mu.Unlock()
+	// The place is taken before the upgrade, so that a 9th socket is
+	// refused with 429 rather than closed after it.
+	leave, err := m.JoinWatchers(context.Background(), r.dir)
+	switch {
+	case errors.Is(err, store.ErrTooManyWatchers):
+		errTooManyWatchers.answer(ctx)
+		return
+	case err != nil:
 		h.internal(ctx, err)
 		return
 	}
-	if len(d.watchers)+d.pendingWatchers >= maxWatchers {
-		m.mu.Unlock()
-		errTooManyWatchers.answer(ctx)
+	if !h.take(ctx, h.limits.connections, key, now) {
+		leave()
 		return
 	}
-	if !h.take(ctx, h.limits.connections, m.key, now) {
-		m.mu.Unlock()
-		return
-	}
-	d.pendingWatchers++
-	m.mu.Unlock()
 	opts := ws.Options{
 		MaxMessage:     1024,
 		MaxQueue:       h.cfg.MaxBehind,
@@ -88,111 +55,63 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m *mailbox, r route, now int64
 		ReadBufferSize: 512,
 		Detach:         h.cfg.DetachSockets,
 	}
-	// The slot is the watcher's once serve runs (addWatcher), and given
-	// back by abandon when fasthttp drops the connection before that.
-	abandon := func() {
-		m.mu.Lock()
-		m.dirs[dirIndex(r.dir)].pendingWatchers--
-		m.mu.Unlock()
-	}
-	ws.Upgrade(ctx, opts, proto, abandon, func(conn *ws.Conn) {
-		w := &watcher{conn: conn, replaying: true}
-		if !h.addWatcher(m, r.dir, w) {
-			return
-		}
+	// The place is the socket's until it ends, and given back by abandon
+	// when fasthttp drops the connection before serve runs. The request's
+	// hold on m ends with the request, so the socket reopens the handle
+	// it keeps: the place holds the mailbox meanwhile.
+	ws.Upgrade(ctx, opts, proto, leave, func(conn *ws.Conn) {
+		defer leave()
 		if !h.group.Add(conn) {
-			h.removeWatcher(m, r.dir, w)
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
 		defer h.group.Remove(conn)
-		defer h.removeWatcher(m, r.dir, w)
 		h.m.watchers.Inc()
 		defer h.m.watchers.Dec()
-		go h.replay(m, r.dir, after, w)
-		h.readWatch(m, r.dir, conn)
+		h.serveWatch(conn, m, r.dir, after)
 	})
 }
 
-// addWatcher turns the slot reserved before the upgrade into a watcher,
-// unless the mailbox was erased meanwhile.
-func (h *Handler) addWatcher(m *mailbox, dir byte, w *watcher) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	d := &m.dirs[dirIndex(dir)]
-	d.pendingWatchers--
-	if !m.exists {
-		w.conn.Close(ws.CloseNormal, "mailbox erased")
-		return false
-	}
-	d.watchers = append(d.watchers, w)
-	return true
-}
-
-func (h *Handler) removeWatcher(m *mailbox, dir byte, w *watcher) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	d := &m.dirs[dirIndex(dir)]
-	if i := slices.Index(d.watchers, w); i >= 0 {
-		// slices.Delete clears the vacated slot: a closed socket left
-		// there would keep its buffers reachable for as long as the
-		// mailbox stays in memory.
-		d.watchers = slices.Delete(d.watchers, i, i+1)
-	}
-}
-
-// replay sends every stored envelope above after, paced by the socket's
-// queue, then the ones stored meanwhile, then switches w to live delivery.
-func (h *Handler) replay(m *mailbox, dir byte, after uint64, w *watcher) {
+// serveWatch runs the store's watch beside the socket's read loop: the
+// watch ending closes the socket with its code, the socket ending stops
+// the watch.
+func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uint64) {
 	pace := h.cfg.MaxBehind / 2
-	ctx := context.Background()
-	sent := make(map[uint64]struct{})
-	err := h.cfg.Store.Scan(m.name, dir, after, func(seq uint64, env []byte) bool {
-		if w.conn.WaitQueued(ctx, pace) != nil {
-			return false
-		}
-		sent[seq] = struct{}{}
-		return w.conn.WriteBinary(env) == nil
-	})
-	if err != nil {
-		h.log.Error("watch replay", "err", err)
-		w.conn.Close(ws.CloseInternalError, "")
-		return
-	}
-	// Send what was stored during the replay, then go live. The lock
-	// order (mailbox, then watcher) matches deliver's.
-	for {
-		m.mu.Lock()
-		w.mu.Lock()
-		missed := w.missed
-		w.missed = nil
-		if len(missed) == 0 {
-			// Writes still between their sync and their deliver are
-			// exactly the in-flight ones.
-			for seq := range m.dirs[dirIndex(dir)].inflight {
-				if _, dup := sent[seq]; dup {
-					if w.skip == nil {
-						w.skip = make(map[uint64]struct{})
-					}
-					w.skip[seq] = struct{}{}
+	stop, err := m.Watch(context.Background(), dir, store.WatchConfig{
+		After: after,
+		Deliver: func(ctx context.Context, env []byte, replayed bool) error {
+			if replayed { // paced by the socket's queue
+				if err := conn.WaitQueued(ctx, pace); err != nil {
+					return err
 				}
 			}
-			w.replaying = false
-			w.mu.Unlock()
-			m.mu.Unlock()
-			return
-		}
-		w.mu.Unlock()
-		m.mu.Unlock()
-		for _, seq := range missed {
-			if _, dup := sent[seq]; dup || seq <= after {
-				continue
-			}
-			sent[seq] = struct{}{}
-			if _, err := h.cfg.Store.Envelope(m.name, dir, seq, func(env []byte) { _ = w.conn.WriteBinary(env) }); err != nil {
-				h.log.Error("watch replay", "err", err)
-			}
-		}
+			// A full queue closes the socket with 1013; the reader resumes
+			// with after = the last sequence it holds, and nothing is lost.
+			return conn.WriteBinary(env)
+		},
+		End: func(err error) { h.endWatch(conn, err) },
+	})
+	if err != nil {
+		h.endWatch(conn, err)
+		return
+	}
+	defer stop()
+	h.readWatch(m, dir, conn)
+}
+
+// endWatch closes a watch socket with the code for why its watch ended.
+func (h *Handler) endWatch(conn *ws.Conn, err error) {
+	switch {
+	case errors.Is(err, store.ErrErased):
+		conn.Close(ws.CloseNormal, "mailbox erased")
+	case errors.Is(err, store.ErrWatchOverflow):
+		conn.Close(ws.CloseTryAgainLater, "fell behind")
+	case errors.Is(err, store.ErrUnavailable):
+		conn.Close(ws.CloseTryAgainLater, "store unavailable")
+	case errors.Is(err, ws.ErrClosed), errors.Is(err, ws.ErrQueueFull): // the socket ended first
+	default:
+		h.log.Error("watch failed", "err", err)
+		conn.Close(ws.CloseInternalError, "")
 	}
 }
 
@@ -200,7 +119,7 @@ var pong = []byte("pong")
 
 // readWatch answers text ping with pong and marks the reader in the
 // foreground; anything else closes the socket with 1003.
-func (h *Handler) readWatch(m *mailbox, dir byte, conn *ws.Conn) {
+func (h *Handler) readWatch(m store.Mailbox, dir byte, conn *ws.Conn) {
 	for {
 		op, msg, err := conn.ReadMessage()
 		if err != nil {
@@ -210,10 +129,7 @@ func (h *Handler) readWatch(m *mailbox, dir byte, conn *ws.Conn) {
 			conn.Close(ws.CloseUnsupportedData, "only text ping is accepted")
 			return
 		}
-		now := h.cfg.Now().UnixNano()
-		m.mu.Lock()
-		m.dirs[dirIndex(dir)].foregroundUntil = now + int64(foregroundFor)
-		m.mu.Unlock()
+		m.SetForeground(dir, h.cfg.Now().UnixNano()+int64(foregroundFor))
 		_ = conn.WriteText(pong)
 	}
 }

@@ -1,4 +1,4 @@
-package mailbox
+package mailboxlocal
 
 import (
 	"testing"
@@ -9,10 +9,10 @@ import (
 // TestRemoveWatcherLeavesNoReference: the watcher list keeps its backing
 // array while the mailbox stays in memory (up to cacheIdle after its last
 // use), so a removed watcher must not stay in a slot past the end: it would
-// keep its closed socket's read buffer and send queue reachable. After a
+// keep its closed socket's read buffer and send queue reachable (through
+// its Deliver). After a
 // reconnect storm that is one dead socket per direction of every mailbox.
 func TestRemoveWatcherLeavesNoReference(t *testing.T) {
-	var h Handler
 	m := &mailbox{}
 	d := &m.dirs[dirIndex(store.DirP2C)]
 	a, b, c := &watcher{}, &watcher{}, &watcher{}
@@ -26,7 +26,7 @@ func TestRemoveWatcherLeavesNoReference(t *testing.T) {
 		{a, nil},              // the only one
 		{a, nil},              // already gone: nothing changes
 	} {
-		h.removeWatcher(m, store.DirP2C, step.remove)
+		m.removeWatcher(store.DirP2C, step.remove)
 		if len(d.watchers) != len(step.left) {
 			t.Fatalf("watchers %v, want %v", d.watchers, step.left)
 		}
