@@ -92,7 +92,7 @@ func checkMailboxLimits(t *testing.T, l store.MailboxLimits) {
 func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, opt MailboxOptions) {
 	lim = lim.WithDefaults()
 	checkMailboxLimits(t, lim)
-	s := &mbxSuite{r: &rotor[store.Mailboxes]{hs: handles}, n: len(handles), lim: lim, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	s := &mbxSuite{r: &rotor[store.Mailboxes]{hs: handles}, hs: handles, n: len(handles), lim: lim, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
 	idle, touchEvery := int64(lim.Idle), int64(lim.TouchEvery)
 	t0 := s.t0
 	tokA, tokB := hash("mbx-token-a"), hash("mbx-token-b")
@@ -100,17 +100,15 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 
 	t.Run("ClaimAndOpen", func(t *testing.T) {
 		c := s.box(t, "ct/claim1", tokA)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t0, store.ErrNotFound)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t0, store.ErrNotFound)
 		}
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
-		for range s.n {
-			h := s.r.next()
+		for _, h := range s.hs {
 			c.claimIs(h, tokA, t0+1, store.ClaimSame)
 			c.claimIs(h, tokB, t0+1, store.ClaimTaken)
 		}
-		for range s.n {
-			h := s.r.next()
+		for _, h := range s.hs {
 			c.openIs(h, tokA, t0+2, nil)
 			c.openIs(h, tokB, t0+2, store.ErrForbidden)
 			c.openIs(h, tokA, t0+2, nil) // a refused Open changed nothing
@@ -149,18 +147,17 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 			t.Fatal(err)
 		}
 		// At exactly idle it is alive; one nanosecond past it is gone.
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t0+idle, nil)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t0+idle, nil)
 		}
 		c.claimIs(s.r.next(), tokB, t0+idle, store.ClaimTaken)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t0+idle+1, store.ErrNotFound)
-			c.openIs(s.r.next(), tokB, t0+idle+1, store.ErrNotFound)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t0+idle+1, store.ErrNotFound)
+			c.openIs(h, tokB, t0+idle+1, store.ErrNotFound)
 		}
 		c.claimIs(s.r.next(), tokB, t0+idle+1, store.ClaimCreated)
 		c.tok = tokB
-		for range s.n {
-			h := s.r.next()
+		for _, h := range s.hs {
 			c.eventually(func() error { return c.openErr(h, tokA, t0+idle+1, store.ErrForbidden) })
 			m := c.openAt(h, t0+idle+1)
 			if got := c.scan(m, store.DirP2C, 0, nil); len(got) != 0 {
@@ -189,15 +186,15 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		c.putAt(s.r.next(), store.DirC2P, 1, body(1), t0+idle, store.PutCreated)
 		c.claimIs(s.r.next(), tokB, t0+idle+1, store.ClaimTaken)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t0+2*idle, nil)
-			c.openIs(s.r.next(), tokA, t0+2*idle+1, store.ErrNotFound)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t0+2*idle, nil)
+			c.openIs(h, tokA, t0+2*idle+1, store.ErrNotFound)
 		}
 		// A heartbeat TouchEvery after the write moves it on again.
 		c.claimIs(s.r.next(), tokA, t0+idle+touchEvery, store.ClaimSame)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t0+2*idle+touchEvery, nil)
-			c.openIs(s.r.next(), tokA, t0+2*idle+touchEvery+1, store.ErrNotFound)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t0+2*idle+touchEvery, nil)
+			c.openIs(h, tokA, t0+2*idle+touchEvery+1, store.ErrNotFound)
 		}
 	})
 
@@ -211,8 +208,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		t1 := t0 + touchEvery/2
 		c.claimIs(s.r.next(), tokA, t1, store.ClaimSame)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t1+idle, nil)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t1+idle, nil)
 		}
 		c.claimIs(s.r.next(), tokB, t1+idle, store.ClaimTaken)
 		c.claimIs(s.r.next(), tokB, t1+idle+1, store.ClaimCreated)
@@ -225,8 +222,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		t1 := t0 + touchEvery
 		c.claimIs(s.r.next(), tokA, t1, store.ClaimSame)
-		for range s.n {
-			c.openIs(s.r.next(), tokA, t1+idle, nil)
+		for _, h := range s.hs {
+			c.openIs(h, tokA, t1+idle, nil)
 		}
 		c.claimIs(s.r.next(), tokB, t1+idle, store.ClaimTaken)
 		c.claimIs(s.r.next(), tokB, t1+idle+1, store.ClaimCreated)
@@ -239,9 +236,9 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		if res := c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutCreated); res.Push {
 			t.Fatal("a put without notify pushes")
 		}
-		for range s.n {
-			c.put(s.r.next(), store.DirP2C, 1, body(1), store.PutRetry)
-			c.put(s.r.next(), store.DirP2C, 1, MailboxEnvelope(1, "other"), store.PutConflict)
+		for _, h := range s.hs {
+			c.put(h, store.DirP2C, 1, body(1), store.PutRetry)
+			c.put(h, store.DirP2C, 1, MailboxEnvelope(1, "other"), store.PutConflict)
 		}
 		c.envelopeIs(store.DirP2C, 1, body(1))
 		c.stateIs(store.DirP2C, store.DirectionState{Count: 1, Bytes: mbxSizes(1), First: 1, Last: 1})
@@ -271,8 +268,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.stateIs(store.DirC2P, store.DirectionState{Count: 4, Bytes: mbxSizes(1, 2, 3, 5), First: 1, Last: 5})
 		c.envelopeIs(store.DirC2P, 3, body(3))
 		c.envelopeIs(store.DirC2P, 4, nil)
-		for range s.n {
-			if got := c.scan(c.open(s.r.next(), t0), store.DirC2P, 0, nil); !slices.Equal(got, []uint64{1, 2, 3, 5}) {
+		for _, h := range s.hs {
+			if got := c.scan(c.open(h, t0), store.DirC2P, 0, nil); !slices.Equal(got, []uint64{1, 2, 3, 5}) {
 				t.Fatalf("scan %v", got)
 			}
 		}
@@ -300,8 +297,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		for seq := uint64(1); seq <= bound; seq++ {
 			c.put(s.r.next(), store.DirP2C, seq, body(seq), store.PutCreated)
 		}
-		for range s.n {
-			c.put(s.r.next(), store.DirP2C, bound+1, body(bound+1), store.PutFull)
+		for _, h := range s.hs {
+			c.put(h, store.DirP2C, bound+1, body(bound+1), store.PutFull)
 		}
 		c.stateIs(store.DirP2C, store.DirectionState{Count: lim.MaxStored, Bytes: mbxSizeRange(1, bound), First: 1, Last: bound})
 		c.envelopeIs(store.DirP2C, bound+1, nil)
@@ -323,8 +320,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 			c = s.box(t, fmt.Sprint("ct/bytes", room), tokA)
 			c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 			last := c.fill(store.DirC2P, lim.MaxStoredBytes-room)
-			for range s.n {
-				c.put(s.r.next(), store.DirC2P, last+1, mbxSized(last+1, 25), store.PutFull)
+			for _, h := range s.hs {
+				c.put(h, store.DirC2P, last+1, mbxSized(last+1, 25), store.PutFull)
 			}
 			c.stateIs(store.DirC2P, store.DirectionState{Count: int(last), Bytes: lim.MaxStoredBytes - room, First: 1, Last: last})
 			// A prune frees exactly what it removed.
@@ -427,8 +424,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		// Through 4: the out-of-order 4 and the in-order ones below it go.
 		c.prune(s.r.next(), store.DirP2C, 4)
 		c.stateIs(store.DirP2C, store.DirectionState{Count: 2, Bytes: mbxSizes(5, 6), First: 5, Last: 6, Pruned: 4})
-		for range s.n {
-			if got := c.scan(c.open(s.r.next(), t0), store.DirP2C, 0, nil); !slices.Equal(got, []uint64{5, 6}) {
+		for _, h := range s.hs {
+			if got := c.scan(c.open(h, t0), store.DirP2C, 0, nil); !slices.Equal(got, []uint64{5, 6}) {
 				t.Fatalf("scan after prune: %v", got)
 			}
 		}
@@ -532,8 +529,7 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 				}
 			}
 		}
-		for range s.n {
-			h := s.r.next()
+		for _, h := range s.hs {
 			c.eventually(func() error { return c.openErr(h, tokA, t0, store.ErrNotFound) })
 		}
 		if err := held.Erase(s.ctx(t)); err != nil {
@@ -557,8 +553,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		regIs := func(t *testing.T, dir byte, want string) {
 			t.Helper()
-			for range s.n {
-				got, err := c.open(s.r.next(), t0).PushRegistration(s.ctx(t), dir)
+			for _, h := range s.hs {
+				got, err := c.open(h, t0).PushRegistration(s.ctx(t), dir)
 				if want == "" {
 					if !errors.Is(err, store.ErrNotFound) {
 						t.Fatalf("registration %c: %q %v, want none", dir, got, err)
@@ -623,8 +619,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 				t.Fatalf("seq %d: push %v with a push burst of %d", seq, res.Push, lim.PushBurst)
 			}
 		}
-		for range s.n {
-			res := c.putNotify(s.r.next(), store.DirP2C, burst+1, body(burst+1), true, t0, store.PutRateLimited)
+		for _, h := range s.hs {
+			res := c.putNotify(h, store.DirP2C, burst+1, body(burst+1), true, t0, store.PutRateLimited)
 			if res.RetryAfter <= 0 || res.RetryAfter > every {
 				t.Fatalf("retry after %v, want (0, %v]", res.RetryAfter, every)
 			}
@@ -709,11 +705,16 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 				t.Fatalf("watch after %d with a failing Deliver: %v", after, err)
 			}
 		}
-		// A mailbox erased since Open: at once.
+		// A mailbox erased since Open (and every node told): at once.
+		gone := &goneLog{}
+		for _, h := range s.hs {
+			h.OnGone(gone.add)
+		}
 		held := c.open(s.r.next(), t0)
 		if err := c.open(s.r.next(), t0).Erase(s.ctx(t)); err != nil {
 			t.Fatal(err)
 		}
+		gone.wait(t, c.name, s.n)
 		w = c.watch(held, store.DirC2P, 0, nil)
 		if err := w.end(t); !errors.Is(err, store.ErrErased) {
 			t.Fatalf("watch of an erased mailbox: %v", err)
@@ -729,9 +730,9 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 				l()
 			}
 		})
-		join := func(dir byte, want error) {
+		join := func(h store.Mailboxes, dir byte, want error) {
 			t.Helper()
-			leave, err := c.open(s.r.next(), t0).JoinWatchers(s.ctx(t), dir)
+			leave, err := c.open(h, t0).JoinWatchers(s.ctx(t), dir)
 			if !errors.Is(err, want) {
 				t.Fatalf("join %c with %d held: %v, want %v", dir, len(leaves), err, want)
 			}
@@ -740,18 +741,22 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 			}
 		}
 		for range store.MaxWatchers {
-			join(store.DirP2C, nil)
+			join(s.r.next(), store.DirP2C, nil)
 		}
-		for range s.n {
-			join(store.DirP2C, store.ErrTooManyWatchers)
+		for _, h := range s.hs {
+			join(h, store.DirP2C, store.ErrTooManyWatchers)
 		}
-		join(store.DirC2P, nil) // the other direction has its own places
+		join(s.r.next(), store.DirC2P, nil) // the other direction has its own places
 		// leave frees one, once: a second call frees nothing more.
 		leaves[3]()
 		leaves[3]()
 		leaves = slices.Delete(leaves, 3, 4)
-		join(store.DirP2C, nil)
-		join(store.DirP2C, store.ErrTooManyWatchers)
+		for _, h := range s.hs {
+			join(h, store.DirP2C, nil)
+			join(h, store.DirP2C, store.ErrTooManyWatchers)
+			leaves[len(leaves)-1]()
+			leaves = leaves[:len(leaves)-1]
+		}
 	})
 
 	t.Run("Foreground", func(t *testing.T) {
@@ -759,8 +764,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
 		fgIs := func(dir byte, now int64, want bool) {
 			t.Helper()
-			for range s.n {
-				m := c.open(s.r.next(), t0)
+			for _, h := range s.hs {
+				m := c.open(h, t0)
 				if want {
 					// Another node may learn of the watcher a moment late.
 					c.eventually(func() error {
@@ -810,13 +815,7 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		}
 		want := func(name string) {
 			t.Helper()
-			deadline := time.Now().Add(10 * time.Second)
-			for gone.count(name) < len(handles) {
-				if time.Now().After(deadline) {
-					t.Fatalf("OnGone of %s: %d calls, want one per handle (%d)", name, gone.count(name), len(handles))
-				}
-				time.Sleep(time.Millisecond)
-			}
+			gone.wait(t, name, len(handles))
 		}
 		// An erase.
 		c := s.box(t, "ct/gone1", tokA)
@@ -853,8 +852,8 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		written.claimIs(s.r.next(), tokA, te-idle-1, store.ClaimCreated)
 		written.putAt(s.r.next(), store.DirC2P, 1, body(1), te-idle, store.PutCreated)
 		total := 0
-		for range s.n {
-			n, err := s.r.next().ExpireIdle(s.ctx(t), te)
+		for _, h := range s.hs {
+			n, err := h.ExpireIdle(s.ctx(t), te)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -863,28 +862,21 @@ func Mailbox(t *testing.T, handles []store.Mailboxes, lim store.MailboxLimits, o
 		if total < 1 {
 			t.Fatalf("ExpireIdle erased %d", total)
 		}
-		for range s.n {
-			n, err := s.r.next().ExpireIdle(s.ctx(t), te)
+		for _, h := range s.hs {
+			n, err := h.ExpireIdle(s.ctx(t), te)
 			if err != nil || n != 0 {
 				t.Fatalf("ExpireIdle again: %d %v", n, err)
 			}
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for gone.count("ct/expire1") == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("no OnGone for the expired mailbox")
-			}
-			time.Sleep(time.Millisecond)
-		}
+		gone.wait(t, "ct/expire1", 1)
 		if n := gone.count("ct/expire2") + gone.count("ct/expire3"); n != 0 {
 			t.Fatalf("OnGone of live mailboxes: %d", n)
 		}
-		for range s.n {
+		for _, h := range s.hs {
 			// Gone for every node even at a time it would be alive.
-			h := s.r.next()
 			old.eventually(func() error { return old.openErr(h, tokA, te-idle, store.ErrNotFound) })
-			edge.openIs(s.r.next(), tokA, te, nil)
-			written.openIs(s.r.next(), tokA, te, nil)
+			edge.openIs(h, tokA, te, nil)
+			written.openIs(h, tokA, te, nil)
 		}
 		old.claimIs(s.r.next(), tokB, te, store.ClaimCreated)
 		old.tok = tokB
@@ -940,8 +932,8 @@ func (s *mbxSuite) racing(t *testing.T, tokA store.Hash) {
 			t.Fatalf("claims: %v", claims)
 		}
 	}
-	for range s.n {
-		c.openIs(s.r.next(), c.tok, t0, nil)
+	for _, h := range s.hs {
+		c.openIs(h, c.tok, t0, nil)
 	}
 	handles := make([]store.Mailbox, racers)
 	for i := range handles {
@@ -1018,6 +1010,7 @@ func (s *mbxSuite) racing(t *testing.T, tokA store.Hash) {
 // mbxSuite is the suite's shared state.
 type mbxSuite struct {
 	r   *rotor[store.Mailboxes]
+	hs  []store.Mailboxes
 	n   int
 	lim store.MailboxLimits
 	t0  int64
@@ -1177,8 +1170,8 @@ func (c *mbxBox) state(h store.Mailboxes, dir byte) store.DirectionState {
 // stateIs checks a direction's state through every handle.
 func (c *mbxBox) stateIs(dir byte, want store.DirectionState) {
 	c.t.Helper()
-	for range c.s.n {
-		if st := c.state(c.s.r.next(), dir); st != want {
+	for _, h := range c.s.hs {
+		if st := c.state(h, dir); st != want {
 			c.t.Fatalf("state of %s %c: %+v, want %+v", c.name, dir, st, want)
 		}
 	}
@@ -1187,15 +1180,15 @@ func (c *mbxBox) stateIs(dir byte, want store.DirectionState) {
 // envelopeIs checks one envelope (nil: not stored) through every handle.
 func (c *mbxBox) envelopeIs(dir byte, seq uint64, want []byte) {
 	c.t.Helper()
-	for range c.s.n {
-		got, ok, err := c.open(c.s.r.next(), c.now).AppendEnvelope(c.s.ctx(c.t), nil, dir, seq)
+	for _, h := range c.s.hs {
+		got, ok, err := c.open(h, c.now).AppendEnvelope(c.s.ctx(c.t), nil, dir, seq)
 		if err != nil {
 			c.t.Fatalf("envelope %s %c %d: %v", c.name, dir, seq, err)
 		}
 		if ok != (want != nil) || !bytes.Equal(got, want) {
 			c.t.Fatalf("envelope %s %c %d: %q %v, want %q", c.name, dir, seq, got, ok, want)
 		}
-		c.hasIs1(c.s.r.next(), dir, seq, want != nil)
+		c.hasIs1(h, dir, seq, want != nil)
 	}
 }
 
@@ -1208,8 +1201,8 @@ func (c *mbxBox) hasIs1(h store.Mailboxes, dir byte, seq uint64, want bool) {
 
 func (c *mbxBox) hasIs(dir byte, seq uint64, want bool) {
 	c.t.Helper()
-	for range c.s.n {
-		c.hasIs1(c.s.r.next(), dir, seq, want)
+	for _, h := range c.s.hs {
+		c.hasIs1(h, dir, seq, want)
 	}
 }
 
@@ -1354,6 +1347,18 @@ func (g *goneLog) add(name string) {
 	}
 	g.names[name]++
 	g.mu.Unlock()
+}
+
+// wait waits until name was reported n times.
+func (g *goneLog) wait(t *testing.T, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.count(name) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("OnGone of %s: %d calls, want %d (one per handle)", name, g.count(name), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (g *goneLog) count(name string) int {
