@@ -52,6 +52,38 @@
 // NATS callback only appends to a bounded queue; Deliver runs on the
 // watch's goroutine.
 //
+// # Mailboxes: store.Mailboxes
+//
+// Mailboxes (mailboxes.go, presence.go, watchhub.go) is what the relay's
+// handler uses; the decisions stay the Store's. What it adds, per node:
+//
+//   - The claim cache: Open authorizes from the node's copy of the claim
+//     record (bounded, 64k entries, sampled eviction), so an authorized
+//     request costs no round trip. An entry that looks idle past Idle, or
+//     was last read more than TouchEvery ago, is read again through the
+//     leader (with the heads when the record looks idle: writes stamp
+//     them), so a lost control message leaves an entry stale for at most
+//     TouchEvery. Every removal of a mailbox (Erase, the sweeper, a claim
+//     taking over an idle one) publishes erased on er.mbx.<app>.<id>.ctl;
+//     one wildcard subscription per node drops the entry, ends the node's
+//     watches of it and calls OnGone. A refused Open adds nothing.
+//   - Activity: a stored envelope touches the claim record when the
+//     node's view of it is TouchEvery old (the head has each write's time
+//     at once). A heartbeat within TouchEvery of the stored value writes
+//     nothing (declared to the contract as CoalescedHeartbeats).
+//   - Watcher places and the foreground mark (presence.go): the
+//     er_watch bucket, exact across nodes; a reader in the foreground on
+//     another node is found by a core request on er.fg.<app>.<id>.<dir>,
+//     answered only by a node whose reader is in the foreground.
+//   - Watches without a goroutine while they wait (watchhub.go).
+//
+// Departures from the spec, kept and declared to the contract suite: the
+// envelope bucket is per direction, in the head, not per mailbox (exact
+// across nodes without a second compare-and-set per write; a mailbox
+// whose two sides both write gets twice the rate), and the head's set
+// caps make a direction whose sequences are spread by thousands full
+// (507) before it holds RELAY_MAX_STORED envelopes.
+//
 // # Errors
 //
 // Every NATS or JetStream failure (timeout, no quorum, no responders) is

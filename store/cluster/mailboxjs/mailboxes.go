@@ -41,8 +41,14 @@ type Mailboxes struct {
 	gone   []func(name string)
 	closed bool
 
-	stop chan struct{}
-	done chan struct{}
+	hub *hub
+	// dropLive, in tests, loses the republished messages it returns true
+	// for, as a reconnect or a slow consumer would.
+	dropLive func(*nats.Msg) bool
+
+	stop    chan struct{}
+	done    chan struct{} // the refresher's
+	hubDone chan struct{}
 }
 
 var _ store.Mailboxes = (*Mailboxes)(nil)
@@ -89,6 +95,12 @@ type claimEntry struct {
 // mailbox's control subject and starts refreshing the watcher places this
 // node holds. lim is taken WithDefaults.
 func NewMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *slog.Logger) (*Mailboxes, error) {
+	return newMailboxes(ctx, s, lim, log, nil)
+}
+
+// newMailboxes is NewMailboxes with tune (tests) changing the tunables
+// before anything starts.
+func newMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *slog.Logger, tune func(*Mailboxes)) (*Mailboxes, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -96,8 +108,11 @@ func NewMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *s
 		s: s, lim: lim.WithDefaults(), log: log,
 		slotTTL: defaultSlotTTL, slotRefresh: defaultSlotRefresh, fgTimeout: defaultFgTimeout, claimCap: defaultClaimCap,
 		claims: make(map[string]*claimEntry), dirs: make(map[string]*dirPresence), held: make(map[*slot]struct{}),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), hubDone: make(chan struct{}), hub: newHub(),
 		owner: ownerValue(s.c.Node(), s.c.Incarnation()),
+	}
+	if tune != nil {
+		tune(m)
 	}
 	var err error
 	if m.sweeper, err = s.NewSweeper(ctx, sweepLease); err != nil {
@@ -122,6 +137,7 @@ func NewMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *s
 		return nil, cluster.Fail("subscribe control", err)
 	}
 	go m.refreshLoop()
+	go m.hub.run(m.stop, m.hubDone)
 	return m, nil
 }
 
@@ -141,6 +157,16 @@ func (m *Mailboxes) Close() error {
 	m.mu.Unlock()
 	close(m.stop)
 	<-m.done
+	<-m.hubDone
+	m.hub.mu.Lock()
+	watches := make([]*liveWatch, 0, len(m.hub.subs))
+	for _, w := range m.hub.subs {
+		watches = append(watches, w)
+	}
+	m.hub.mu.Unlock()
+	for _, w := range watches {
+		w.close()
+	}
 	for _, sl := range held {
 		sl.leave()
 	}
@@ -165,6 +191,7 @@ func (m *Mailboxes) onControl(msg *nats.Msg) {
 	delete(m.claims, name)
 	fns := m.gone
 	m.mu.Unlock()
+	m.hub.erased(name)
 	for _, fn := range fns {
 		fn(name)
 	}
@@ -437,82 +464,4 @@ func (h *mailbox) DeletePushRegistration(ctx context.Context, dir byte) error {
 
 func (h *mailbox) DropPushRegistration(ctx context.Context, dir byte, sent []byte) (bool, error) {
 	return h.m.s.DropPushRegistration(ctx, h.e.name, dir, sent)
-}
-
-// Watch starts Store.Watch and returns at once. The backfill of stored
-// envelopes is delivered with replayed true, the rest (live, and the
-// read-back of a lost notification) false. cfg.End gets store.ErrErased,
-// store.ErrWatchOverflow, Deliver's error or a store error (wrapping
-// store.ErrUnavailable), never after stop has returned; the end of ctx
-// ends the watch without End.
-//
-// A waiting watch costs its goroutine (the queue's reader) and the
-// subscriptions' (nats.go runs one per subscription): see the package doc.
-func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (func(), error) {
-	var (
-		mu   sync.Mutex // held while End runs: stop waits for it
-		done bool
-		derr error // Deliver's error, written before the watch's End
-	)
-	end := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if done {
-			return
-		}
-		done = true
-		switch {
-		case err == nil:
-			return // stopped, or ctx ended
-		case errors.Is(err, errDeliverStopped):
-			if derr == nil {
-				return // Deliver gave up because ctx ended
-			}
-			err = derr
-		case errors.Is(err, ErrErased):
-			err = store.ErrErased
-		case errors.Is(err, ErrOverflow):
-			err = store.ErrWatchOverflow
-		default:
-			err = unavailable("watch "+h.e.name, err)
-		}
-		if cfg.End != nil {
-			cfg.End(err)
-		}
-	}
-	w, err := h.m.s.Watch(ctx, h.e.name, dir, WatchConfig{
-		After: cfg.After,
-		End:   end,
-		bound: ctx,
-		deliver: func(wctx context.Context, _ uint64, env []byte, replayed bool) bool {
-			if err := cfg.Deliver(wctx, env, replayed); err != nil {
-				if wctx.Err() == nil {
-					derr = err
-				}
-				return false
-			}
-			return true
-		},
-	})
-	if err != nil {
-		return nil, unavailable("watch "+h.e.name, err)
-	}
-	stop := func() {
-		mu.Lock()
-		done = true
-		mu.Unlock()
-		w.Close()
-	}
-	// The mailbox may have gone between Open and the subscriptions, and
-	// its erased then reached nobody: the record tells.
-	rec, err := h.m.s.Mailbox(ctx, h.e.name)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.Token != h.e.token) {
-		stop()
-		return nil, store.ErrErased
-	}
-	if err != nil {
-		stop()
-		return nil, unavailable("watch "+h.e.name, err)
-	}
-	return stop, nil
 }

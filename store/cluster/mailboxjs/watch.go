@@ -39,17 +39,10 @@ type WatchConfig struct {
 	// drop, in tests, loses the republished messages it returns true for,
 	// as a reconnect or a slow consumer would.
 	drop func(*nats.Msg) bool
-	// deliver, when set, is called instead of Deliver with the watch's
-	// context (ended by Close or bound): replayed is true for the
-	// backfill of stored envelopes; false ends the watch (End gets
-	// errDeliverStopped). Mailboxes' Watch uses it.
-	deliver func(ctx context.Context, seq uint64, env []byte, replayed bool) bool
-	// bound, when set, ends the watch when it ends (End gets nil).
-	bound context.Context
 }
 
-// errDeliverStopped ends a watch whose deliver returned false.
-var errDeliverStopped = errors.New("mailboxjs: deliver stopped the watch")
+// errDeliverStopped: a read-back's handler stopped it.
+var errDeliverStopped = errors.New("mailboxjs: delivery stopped the watch")
 
 // Watch delivers a direction's envelopes: stored ones above After, then
 // new ones as they are stored, each exactly once, through any node.
@@ -94,9 +87,6 @@ func (s *Store) Watch(ctx context.Context, name string, dir byte, cfg WatchConfi
 	defer cancel()
 	w := &Watch{s: s, n: n, dir: dir, cfg: cfg, queue: make(chan *nats.Msg, watchQueueLen), done: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
-	if cfg.bound != nil {
-		w.ctx, w.cancel = context.WithCancel(cfg.bound)
-	}
 	for _, subj := range []string{n.watch(dir), n.control()} {
 		sub, err := s.nc.Subscribe(subj, w.enqueue)
 		if err != nil {
@@ -238,9 +228,6 @@ func (w *Watch) loop(ctx context.Context, h Head) error {
 
 // emit delivers one envelope; false: the watch is to end.
 func (w *Watch) emit(seq uint64, env []byte, replayed bool) bool {
-	if w.cfg.deliver != nil {
-		return w.cfg.deliver(w.ctx, seq, env, replayed)
-	}
 	w.cfg.Deliver(seq, env)
 	return true
 }
@@ -261,13 +248,21 @@ func (w *Watch) handle(subject string, data []byte) bool {
 // and including upTo from the stream, in stream order, delivering them,
 // and returns the last one read. A lagging replica is asked again.
 func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) {
+	return w.s.readBack(ctx, w.n, w.dir, last, upTo, w.handle)
+}
+
+// readBack reads a direction's messages after stream sequence last up to
+// and including upTo from the stream, in stream order, passing each to
+// handle (false: stop, errDeliverStopped), and returns the last one read.
+// A lagging replica is asked again.
+func (s *Store) readBack(ctx context.Context, n names, dir byte, last, upTo uint64, handle func(subject string, data []byte) bool) (uint64, error) {
 	for lagged := 0; last < upTo; {
 		got := 0
 		stopped := false
-		_, err := w.s.directBatch(ctx, w.n.stream, w.n.dirAll(w.dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
+		_, err := s.directBatch(ctx, n.stream, n.dirAll(dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
 			got++
 			last = m.seq
-			stopped = !w.handle(m.subject, m.data)
+			stopped = !handle(m.subject, m.data)
 			return !stopped
 		})
 		if err != nil {
@@ -279,7 +274,7 @@ func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) 
 		if got == 0 {
 			// Either the replica lags, or what was missed was purged
 			// since (a prune, an erase): the leader tells.
-			m, err := w.s.leaderGet(ctx, w.n.stream, getReq{Seq: last + 1, NextFor: w.n.dirAll(w.dir)})
+			m, err := s.leaderGet(ctx, n.stream, getReq{Seq: last + 1, NextFor: n.dirAll(dir)})
 			if errors.Is(err, errNoMsg) || (err == nil && m.seq > upTo) {
 				return upTo, nil // nothing left up to upTo: the reader pruned it
 			}
@@ -287,7 +282,7 @@ func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) 
 				return last, err
 			}
 			if lagged++; lagged > maxLagPolls {
-				return last, cluster.Fail("watch "+w.n.dirAll(w.dir), errors.New("no replica has the missed messages"))
+				return last, cluster.Fail("watch "+n.dirAll(dir), errors.New("no replica has the missed messages"))
 			}
 			if err := waitBrief(ctx); err != nil {
 				return last, err

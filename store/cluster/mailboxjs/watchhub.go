@@ -1,0 +1,365 @@
+package mailboxjs
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"edgerelay/store"
+	"edgerelay/store/cluster"
+)
+
+// The watches of Mailboxes: the same protocol as Store.Watch (subscribe to
+// the RePublish subject, read the head through the leader, backfill up to
+// it, then follow the chain of compare-and-set predecessors, reading a gap
+// back from the stream), shaped so that a waiting watch costs no
+// goroutine: every watch's subscription is a ChanSubscribe onto the
+// node's one channel (nats.go runs no goroutine for it), read by the
+// node's one dispatcher, which hands each message to its watch. A live
+// message next in the chain is delivered right there (store.WatchConfig:
+// a live Deliver does not block); the backfill, and the read-back of a
+// gap, run on a goroutine of their own that ends with them, while the
+// dispatcher queues what arrives meanwhile (at most watchQueueBytes: past
+// it the watch ends with store.ErrWatchOverflow). Erased reaches the
+// watches through the node's control subscription, not one per watch.
+
+// hubQueueLen is the node's channel of republished messages: a dispatcher
+// that falls this far behind makes nats.go drop messages (a slow
+// consumer), which each watch then reads back as a gap.
+const hubQueueLen = 1 << 16
+
+// watchQueueBytes bounds what waits for one watch's backfill or read-back.
+const watchQueueBytes = 1 << 20
+
+type hub struct {
+	ch     chan *nats.Msg
+	mu     sync.Mutex
+	subs   map[*nats.Subscription]*liveWatch
+	byName map[string]map[*liveWatch]struct{}
+}
+
+func newHub() *hub {
+	return &hub{ch: make(chan *nats.Msg, hubQueueLen), subs: map[*nats.Subscription]*liveWatch{}, byName: map[string]map[*liveWatch]struct{}{}}
+}
+
+// run dispatches until stop.
+func (h *hub) run(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-stop:
+			return
+		case m := <-h.ch:
+			h.mu.Lock()
+			w := h.subs[m.Sub]
+			h.mu.Unlock()
+			if w != nil {
+				w.onMsg(m)
+			}
+		}
+	}
+}
+
+// erased ends every watch of name on this node.
+func (h *hub) erased(name string) {
+	h.mu.Lock()
+	var ws []*liveWatch
+	for w := range h.byName[name] {
+		ws = append(ws, w)
+	}
+	h.mu.Unlock()
+	for _, w := range ws {
+		w.finish(store.ErrErased)
+	}
+}
+
+func (h *hub) remove(w *liveWatch) {
+	h.mu.Lock()
+	delete(h.subs, w.sub)
+	if set := h.byName[w.name]; set != nil {
+		delete(set, w)
+		if len(set) == 0 {
+			delete(h.byName, w.name)
+		}
+	}
+	h.mu.Unlock()
+}
+
+// liveWatch is one watch of Mailboxes.
+type liveWatch struct {
+	m    *Mailboxes
+	n    names
+	name string
+	dir  byte
+	cfg  store.WatchConfig
+	// life ends with the watch: the read-back of a gap uses it.
+	life   context.Context
+	cancel context.CancelFunc
+	sub    *nats.Subscription
+
+	mu        sync.Mutex // held briefly, never while delivering or reading
+	replaying bool       // a goroutine backfills or reads back; onMsg queues
+	pending   []*nats.Msg
+	queued    int    // bytes in pending
+	last      uint64 // the last message of the direction handled
+	ended     bool
+	stopped   bool // stop was called: End is not
+	endMu     sync.Mutex
+}
+
+// Watch starts a watch of the direction and returns at once (see the
+// interface, and the comment at the top of this file). The backfill is
+// delivered with replayed true, the rest false. ctx bounds the backfill
+// and is Deliver's; End gets store.ErrErased, store.ErrWatchOverflow,
+// Deliver's error or a store error (wrapping store.ErrUnavailable), never
+// after stop has returned.
+func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (func(), error) {
+	m := h.m
+	n, err := m.s.names(h.e.name)
+	if err != nil {
+		return nil, err
+	}
+	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true}
+	w.life, w.cancel = context.WithCancel(context.Background())
+	// Registered under the hub's lock, so that the dispatcher cannot see
+	// a message of the subscription before it knows the watch.
+	m.hub.mu.Lock()
+	w.sub, err = m.s.nc.ChanSubscribe(n.watch(dir), m.hub.ch)
+	if err == nil {
+		m.hub.subs[w.sub] = w
+		set := m.hub.byName[w.name]
+		if set == nil {
+			set = map[*liveWatch]struct{}{}
+			m.hub.byName[w.name] = set
+		}
+		set[w] = struct{}{}
+	}
+	m.hub.mu.Unlock()
+	if err != nil {
+		w.cancel()
+		return nil, cluster.Fail("watch "+w.name, err)
+	}
+	fail := func(err error) (func(), error) {
+		w.close()
+		return nil, err
+	}
+	// The subscription reaches the server before the head is read, so a
+	// message stored after that read is republished to this watch; one
+	// lost anyway shows as a gap at the next one.
+	bctx, cancel := bounded(ctx)
+	defer cancel()
+	if err := m.s.nc.FlushWithContext(bctx); err != nil {
+		return fail(cluster.Fail("watch "+w.name, err))
+	}
+	head, err := m.s.readHead(bctx, n, dir)
+	if err != nil {
+		return fail(unavailable("watch "+w.name, err))
+	}
+	// The mailbox may have gone between Open and the subscription, and
+	// its erased then reached nobody: the record tells.
+	rec, _, err := m.s.readClaim(bctx, n)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.Token != h.e.token) {
+		return fail(store.ErrErased)
+	}
+	if err != nil {
+		return fail(unavailable("watch "+w.name, err))
+	}
+	w.mu.Lock()
+	w.last = head.Rev
+	w.mu.Unlock()
+	go w.backfill(ctx, head)
+	return w.stop, nil
+}
+
+// stop ends the watch; End is not called once it has returned.
+func (w *liveWatch) stop() {
+	w.endMu.Lock()
+	w.stopped = true
+	w.endMu.Unlock()
+	w.close()
+}
+
+// close ends the watch without End.
+func (w *liveWatch) close() {
+	w.mu.Lock()
+	was := w.ended
+	w.ended = true
+	w.pending, w.queued = nil, 0
+	w.mu.Unlock()
+	if !was {
+		w.cancel()
+		_ = w.sub.Unsubscribe()
+		w.m.hub.remove(w)
+	}
+}
+
+// finish ends the watch by itself and tells End why (once, never after
+// stop). End runs with endMu held, so stop waits for it.
+func (w *liveWatch) finish(err error) {
+	w.mu.Lock()
+	was := w.ended
+	w.mu.Unlock()
+	if was {
+		return
+	}
+	w.close()
+	w.endMu.Lock()
+	defer w.endMu.Unlock()
+	if !w.stopped && w.cfg.End != nil {
+		w.cfg.End(err)
+	}
+}
+
+// onMsg runs on the dispatcher: it must not block.
+func (w *liveWatch) onMsg(m *nats.Msg) {
+	if w.m.dropLive != nil && w.m.dropLive(m) {
+		return
+	}
+	w.mu.Lock()
+	if w.ended {
+		w.mu.Unlock()
+		return
+	}
+	if w.replaying {
+		w.queued += len(m.Data) + 64
+		if w.queued > watchQueueBytes {
+			w.mu.Unlock()
+			w.finish(store.ErrWatchOverflow)
+			return
+		}
+		w.pending = append(w.pending, m)
+		w.mu.Unlock()
+		return
+	}
+	seq, prev := chainOf(m)
+	if seq <= w.last {
+		w.mu.Unlock()
+		return // read back already
+	}
+	if prev != w.last {
+		// A lost notification: read the gap back on a goroutine; this
+		// message waits for it.
+		w.replaying = true
+		w.pending = append(w.pending, m)
+		w.queued += len(m.Data) + 64
+		w.mu.Unlock()
+		go w.drain()
+		return
+	}
+	w.last = seq
+	w.mu.Unlock()
+	if err := w.handle(w.life, m.Subject, m.Data, false); err != nil {
+		w.finish(err)
+	}
+}
+
+// chainOf is a republished message's stream sequence and its
+// predecessor's (its compare-and-set expectation).
+func chainOf(m *nats.Msg) (seq, prev uint64) {
+	seq, _ = strconv.ParseUint(m.Header.Get(hdrStreamSq), 10, 64)
+	prev, _ = strconv.ParseUint(m.Header.Get(hdrExpSeq), 10, 64)
+	return seq, prev
+}
+
+// handle delivers a direction message if it is an envelope above After
+// (a prune mark only moves the chain on).
+func (w *liveWatch) handle(ctx context.Context, subject string, data []byte, replayed bool) error {
+	if len(subject) >= 2 && subject[len(subject)-2:] == ".m" {
+		return nil
+	}
+	if c := envelopeSeq(data); c > w.cfg.After {
+		if err := w.cfg.Deliver(ctx, data, replayed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backfill delivers every stored envelope above After as of head, then
+// what arrived meanwhile, then leaves the watch to the dispatcher.
+func (w *liveWatch) backfill(ctx context.Context, head Head) {
+	// ctx bounds the backfill; stop ends it too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopBackfill := context.AfterFunc(w.life, cancel)
+	defer stopBackfill()
+	var derr error
+	_, err := w.m.s.scan(ctx, w.n, w.dir, &head, w.cfg.After, 0, func(seq uint64, env []byte) bool {
+		derr = w.cfg.Deliver(ctx, env, true)
+		return derr == nil
+	})
+	switch {
+	case w.life.Err() != nil:
+		return // stopped or ended
+	case ctx.Err() != nil:
+		w.close() // the caller's ctx ended the backfill: no End
+		return
+	case derr != nil:
+		w.finish(derr)
+		return
+	case err != nil:
+		w.finish(unavailable("watch "+w.name, err))
+		return
+	}
+	w.drain()
+}
+
+// drain handles what the dispatcher queued while a goroutine had the
+// watch, reading gaps back from the stream, until nothing is queued; then
+// the dispatcher has the watch again.
+func (w *liveWatch) drain() {
+	for {
+		w.mu.Lock()
+		if w.ended {
+			w.mu.Unlock()
+			return
+		}
+		batch := w.pending
+		w.pending, w.queued = nil, 0
+		if len(batch) == 0 {
+			w.replaying = false
+			w.mu.Unlock()
+			return
+		}
+		last := w.last
+		w.mu.Unlock()
+		for _, m := range batch {
+			seq, prev := chainOf(m)
+			if seq <= last {
+				continue
+			}
+			if prev != last {
+				var derr error
+				var err error
+				last, err = w.m.s.readBack(w.life, w.n, w.dir, last, seq, func(subject string, data []byte) bool {
+					derr = w.handle(w.life, subject, data, false)
+					return derr == nil
+				})
+				switch {
+				case w.life.Err() != nil:
+					return
+				case derr != nil:
+					w.finish(derr)
+					return
+				case err != nil:
+					w.finish(unavailable("watch "+w.name, err))
+					return
+				}
+				if seq <= last {
+					continue
+				}
+			}
+			last = seq
+			if err := w.handle(w.life, m.Subject, m.Data, false); err != nil {
+				w.finish(err)
+				return
+			}
+		}
+		w.mu.Lock()
+		w.last = last
+		w.mu.Unlock()
+	}
+}
