@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,9 +109,10 @@ func newMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *s
 		s: s, lim: lim.WithDefaults(), log: log,
 		slotTTL: defaultSlotTTL, slotRefresh: defaultSlotRefresh, fgTimeout: defaultFgTimeout, claimCap: defaultClaimCap,
 		claims: make(map[string]*claimEntry), dirs: make(map[string]*dirPresence), held: make(map[*slot]struct{}),
-		stop: make(chan struct{}), done: make(chan struct{}), hubDone: make(chan struct{}), hub: newHub(),
+		stop: make(chan struct{}), done: make(chan struct{}), hubDone: make(chan struct{}),
 		owner: ownerValue(s.c.Node(), s.c.Incarnation()),
 	}
+	m.hub = newHub(m.answerForeground)
 	if tune != nil {
 		tune(m)
 	}
@@ -191,7 +193,11 @@ func (m *Mailboxes) onControl(msg *nats.Msg) {
 	delete(m.claims, name)
 	fns := m.gone
 	m.mu.Unlock()
-	m.hub.erased(name)
+	var upTo uint64 // 0: every claim
+	if v := msg.Header.Get(hdrClaimRev); v != "" {
+		upTo, _ = strconv.ParseUint(v, 10, 64)
+	}
+	m.hub.erased(name, upTo)
 	for _, fn := range fns {
 		fn(name)
 	}

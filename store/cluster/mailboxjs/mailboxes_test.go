@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -219,6 +220,71 @@ func TestMailboxesOnThreeNodes(t *testing.T) {
 		r.waitFor(t, []uint64{1, 2, 3, 4})
 		if r.replays() != 3 {
 			t.Fatalf("%d replayed, want the 3 stored ones", r.replays())
+		}
+	})
+
+	t.Run("ATakeoverNoticeSparesTheNewHoldersWatch", func(t *testing.T) {
+		// A takeover's erased names the expired claim: reaching a node
+		// after the new holder's watch began there, it leaves that watch
+		// alone (an erase's ends every watch).
+		name := "mx/takeover1"
+		claim(t, mbs[0], name)
+		n, _ := mbs[0].s.names(name)
+		_, oldRev, err := mbs[0].s.readClaim(ctx(t), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		newTok := store.Hash{9}
+		later := t0 + int64(lim.Idle) + 1
+		if o, err := mbs[1].Claim(ctx(t), []byte(name), newTok, later); err != nil || o != store.ClaimCreated {
+			t.Fatalf("takeover: %v %v", o, err)
+		}
+		h, err := mbs[2].Open(ctx(t), []byte(name), newTok, later)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		ended := make(chan error, 1)
+		r := &liveRecorder{}
+		cfg := r.config()
+		cfg.End = func(err error) { ended <- err }
+		stop, err := h.Watch(ctx(t), 'p', cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		var notices atomic.Int64
+		mbs[2].OnGone(func(got string) {
+			if got == name {
+				notices.Add(1)
+			}
+		})
+		late := &nats.Msg{Subject: n.control(), Data: []byte(ctlErased), Header: nats.Header{hdrClaimRev: {strconv.FormatUint(oldRev, 10)}}}
+		if err := mbs[0].s.nc.PublishMsg(late); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for notices.Load() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the late notice never came")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		res, err := h.Put(ctx(t), 'p', 1, envelope(1, "m"), false, later)
+		if err != nil || res.Outcome != store.PutCreated {
+			t.Fatalf("put: %+v %v", res, err)
+		}
+		r.waitFor(t, []uint64{1})
+		if err := h.Erase(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-ended:
+			if !errors.Is(err, store.ErrErased) {
+				t.Fatalf("ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("an erase did not end the watch")
 		}
 	})
 

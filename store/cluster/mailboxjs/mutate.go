@@ -150,6 +150,11 @@ func (s *Store) Erase(ctx context.Context, name string) error {
 
 const ctlErased = "erased"
 
+// hdrClaimRev on an erased notice names the revision of the claim that
+// went (a takeover): watches of a later claim ignore it. Without it
+// (an erase, the sweeper) every watch of the mailbox ends.
+const hdrClaimRev = "Er-Claim-Rev"
+
 // PushRegistration reads the sealed registration of a direction;
 // store.ErrNotFound when there is none.
 func (s *Store) PushRegistration(ctx context.Context, name string, dir byte) ([]byte, error) {

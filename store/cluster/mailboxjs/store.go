@@ -266,7 +266,11 @@ func (s *Store) claim(ctx context.Context, name string, token store.Hash, now in
 				return 0, 0, err
 			}
 			s.forget(name)
-			if err := s.nc.Publish(n.control(), []byte(ctlErased)); err != nil {
+			// It names the expired claim's revision: a watch of the new
+			// holder (a later claim) that the notice reaches late keeps
+			// running.
+			notice := &nats.Msg{Subject: n.control(), Data: []byte(ctlErased), Header: nats.Header{hdrClaimRev: {strconv.FormatUint(rev, 10)}}}
+			if err := s.nc.PublishMsg(notice); err != nil {
 				return 0, 0, cluster.Fail("claim "+name+": notify", err)
 			}
 			_, err = s.publish(ctx, n.claim(), claimBody(token, now), nats.Header{

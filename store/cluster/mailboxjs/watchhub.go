@@ -39,10 +39,17 @@ type hub struct {
 	mu     sync.Mutex
 	subs   map[*nats.Subscription]*liveWatch
 	byName map[string]map[*liveWatch]struct{}
+	// fg: the foreground questions' subscriptions (presence.go), by the
+	// direction they answer for; answer answers one.
+	fg     map[*nats.Subscription]string
+	answer func(key string, m *nats.Msg)
 }
 
-func newHub() *hub {
-	return &hub{ch: make(chan *nats.Msg, hubQueueLen), subs: map[*nats.Subscription]*liveWatch{}, byName: map[string]map[*liveWatch]struct{}{}}
+func newHub(answer func(key string, m *nats.Msg)) *hub {
+	return &hub{
+		ch: make(chan *nats.Msg, hubQueueLen), subs: map[*nats.Subscription]*liveWatch{},
+		byName: map[string]map[*liveWatch]struct{}{}, fg: map[*nats.Subscription]string{}, answer: answer,
+	}
 }
 
 // run dispatches until stop.
@@ -55,20 +62,27 @@ func (h *hub) run(stop <-chan struct{}, done chan<- struct{}) {
 		case m := <-h.ch:
 			h.mu.Lock()
 			w := h.subs[m.Sub]
+			key, fg := h.fg[m.Sub]
 			h.mu.Unlock()
-			if w != nil {
+			switch {
+			case w != nil:
 				w.onMsg(m)
+			case fg:
+				h.answer(key, m)
 			}
 		}
 	}
 }
 
-// erased ends every watch of name on this node.
-func (h *hub) erased(name string) {
+// erased ends the watches of name on this node that began under a claim
+// record of revision upTo or older (0: every one).
+func (h *hub) erased(name string, upTo uint64) {
 	h.mu.Lock()
 	var ws []*liveWatch
 	for w := range h.byName[name] {
-		ws = append(ws, w)
+		if upTo == 0 || w.claimRev <= upTo {
+			ws = append(ws, w)
+		}
 	}
 	h.mu.Unlock()
 	for _, w := range ws {
@@ -99,6 +113,9 @@ type liveWatch struct {
 	life   context.Context
 	cancel context.CancelFunc
 	sub    *nats.Subscription
+	// claimRev is the claim record's revision when the watch began (set
+	// before the watch is registered for erased notices).
+	claimRev uint64
 
 	mu        sync.Mutex // held briefly, never while delivering or reading
 	replaying bool       // a goroutine backfills or reads back; onMsg queues
@@ -122,7 +139,7 @@ func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (f
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true}
+	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true, claimRev: ^uint64(0)}
 	w.life, w.cancel = context.WithCancel(context.Background())
 	// Registered under the hub's lock, so that the dispatcher cannot see
 	// a message of the subscription before it knows the watch.
@@ -160,13 +177,16 @@ func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (f
 	}
 	// The mailbox may have gone between Open and the subscription, and
 	// its erased then reached nobody: the record tells.
-	rec, _, err := m.s.readClaim(bctx, n)
+	rec, rev, err := m.s.readClaim(bctx, n)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.Token != h.e.token) {
 		return fail(store.ErrErased)
 	}
 	if err != nil {
 		return fail(unavailable("watch "+w.name, err))
 	}
+	m.hub.mu.Lock()
+	w.claimRev = rev
+	m.hub.mu.Unlock()
 	w.mu.Lock()
 	w.last = head.Rev
 	w.mu.Unlock()
