@@ -966,7 +966,13 @@ func (s *mbxSuite) racing(t *testing.T, tokA store.Hash) {
 	if count(outs, store.PutCreated) != 1 || count(outs, store.PutRetry) != racers-1 {
 		t.Fatalf("racing retries of seq 2: %v", outs)
 	}
-	// Distinct seqs against the envelope burst: exactly the burst stored.
+	// Distinct seqs against the envelope burst, on a mailbox no put
+	// charged yet: exactly the burst stored.
+	c = s.box(t, "ct/race3", tokA)
+	c.claimIs(s.r.next(), tokA, t0, store.ClaimCreated)
+	for i := range handles {
+		handles[i] = c.open(hs[i], t0)
+	}
 	burst := s.lim.EnvelopeBurst
 	each := burst/racers + 2
 	outs = racePut(store.DirC2P, func(i, j int) uint64 { return uint64(1 + i*each + j) }, func(i int, seq uint64) []byte { return body(seq) }, each, at)
