@@ -493,3 +493,86 @@ func (r *liveRecorder) waitFor(t *testing.T, want []uint64) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// BenchmarkMailboxes measures what Mailboxes adds per call on 3 nodes:
+// go test -run '^$' -bench Mailboxes -benchtime 2s ./store/cluster/mailboxjs/
+func BenchmarkMailboxes(b *testing.B) {
+	nodes := clustertest.Start(b, 3)
+	var mbs []*Mailboxes
+	for i := range 3 {
+		s, err := Open(clustertest.Context(b), nodes.Node(i), Config{Shards: 2})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := NewMailboxes(clustertest.Context(b), s, storetest.MailboxTestLimits(), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = m.Close() })
+		mbs = append(mbs, m)
+	}
+	ctx := context.Background()
+	tok, now := store.Hash{1}, time.Now().UnixNano()
+	name := []byte("bench/mbx1")
+	if _, err := mbs[0].Claim(ctx, name, tok, now); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("OpenCached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			h, err := mbs[0].Open(ctx, name, tok, now)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h.Release()
+		}
+	})
+	h, err := mbs[1].Open(ctx, name, tok, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("JoinAndLeave", func(b *testing.B) {
+		for b.Loop() {
+			leave, err := h.JoinWatchers(ctx, 'p')
+			if err != nil {
+				b.Fatal(err)
+			}
+			leave()
+		}
+	})
+	b.Run("ForegroundNoWatcher", func(b *testing.B) {
+		for b.Loop() {
+			if h.Foreground(ctx, 'c', now) {
+				b.Fatal("foreground")
+			}
+		}
+	})
+	w, err := mbs[2].Open(ctx, name, tok, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	leave, err := w.JoinWatchers(ctx, 'p')
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer leave()
+	w.SetForeground('p', now+int64(time.Hour))
+	for !h.Foreground(ctx, 'p', now) { // node 1 learns of node 2's interest
+		time.Sleep(time.Millisecond)
+	}
+	b.Run("ForegroundOnAnotherNode", func(b *testing.B) {
+		for b.Loop() {
+			if !h.Foreground(ctx, 'p', now) {
+				b.Fatal("not foreground")
+			}
+		}
+	})
+	w.SetForeground('p', 0)
+	b.Run("BackgroundOnAnotherNode", func(b *testing.B) {
+		for b.Loop() {
+			if h.Foreground(ctx, 'p', now+int64(2*time.Hour)) {
+				b.Fatal("foreground")
+			}
+		}
+	})
+}

@@ -84,9 +84,10 @@ func (h *mailbox) JoinWatchers(ctx context.Context, dir byte) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	alive := map[slotOwner]bool{} // each owner's liveness read once a join
 	for i := range store.MaxWatchers {
 		subject := n.slotSubject(dir, i)
-		rev, ok, err := m.takeSlot(ctx, subject)
+		rev, ok, err := m.takeSlot(ctx, subject, alive)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +106,7 @@ func (h *mailbox) JoinWatchers(ctx context.Context, dir byte) (func(), error) {
 
 // takeSlot writes this node's owner value to a place if it is free (no
 // value, deleted, expired, or its owner's node incarnation is gone).
-func (m *Mailboxes) takeSlot(ctx context.Context, subject string) (uint64, bool, error) {
+func (m *Mailboxes) takeSlot(ctx context.Context, subject string, alive map[slotOwner]bool) (uint64, bool, error) {
 	var expect uint64
 	for range 4 {
 		ack, err := m.publishSlot(ctx, subject, m.owner, expect, m.slotTTL, false)
@@ -131,11 +132,14 @@ func (m *Mailboxes) takeSlot(ctx context.Context, subject string) (uint64, bool,
 		if json.Unmarshal(raw.Data, &o) != nil {
 			continue // not ours to keep
 		}
-		alive, err := m.s.c.Alive(ctx, o.Node, o.Incarnation)
-		if err != nil {
-			return 0, false, err
+		live, known := alive[o]
+		if !known {
+			if live, err = m.s.c.Alive(ctx, o.Node, o.Incarnation); err != nil {
+				return 0, false, err
+			}
+			alive[o] = live
 		}
-		if alive {
+		if live {
 			return 0, false, nil
 		}
 	}
