@@ -39,7 +39,7 @@ type BucketConfig struct {
 func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValue, error) {
 	sc := c.bucketStream(b)
 	if err := c.retry(ctx, "create bucket "+b.Name, func(ctx context.Context) error {
-		_, err := c.js.CreateOrUpdateStream(ctx, sc)
+		_, err := c.createOrUpdate(ctx, sc)
 		return err
 	}); err != nil {
 		return nil, err
@@ -57,9 +57,23 @@ func (c *Cluster) Bucket(ctx context.Context, b BucketConfig) (jetstream.KeyValu
 func (c *Cluster) EnsureStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
 	var st jetstream.Stream
 	err := c.retry(ctx, "create stream "+sc.Name, func(ctx context.Context) (err error) {
-		st, err = c.js.CreateOrUpdateStream(ctx, sc)
+		st, err = c.createOrUpdate(ctx, sc)
 		return err
 	})
+	return st, err
+}
+
+// createOrUpdate makes the stream sc, or brings an existing one to sc. It
+// creates first: the servers answer concurrent creates of one stream with
+// the same config (every node starting at once) at once, where nats.go's
+// CreateOrUpdateStream, which updates first, went unanswered until its
+// timeout for each node (measured: 3 nodes, every stream's first attempt
+// timed out, 5 s each, a minute for the mailbox's 12 shards).
+func (c *Cluster) createOrUpdate(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := c.js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return c.js.UpdateStream(ctx, sc)
+	}
 	return st, err
 }
 

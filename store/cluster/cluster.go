@@ -226,7 +226,7 @@ func (c *Cluster) probe(ctx context.Context) error {
 	defer cancel()
 	if c.nodes == nil {
 		for _, b := range []BucketConfig{{Name: configBucket}, {Name: nodesBucket, MaxAge: livenessTTL}} {
-			if _, err := c.js.CreateOrUpdateStream(ctx, c.bucketStream(b)); err != nil {
+			if _, err := c.createOrUpdate(ctx, c.bucketStream(b)); err != nil {
 				return c.unreachable("JetStream does not answer", err)
 			}
 		}

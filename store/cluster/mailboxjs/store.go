@@ -57,23 +57,11 @@ func Open(ctx context.Context, c *cluster.Cluster, cfg Config) (*Store, error) {
 	}
 	s := &Store{c: c, nc: c.Conn(), js: c.JetStream(), shards: cfg.Shards, heads: make(map[string]Head), capN: cfg.HeadCache}
 	for k := range cfg.Shards {
-		sc := streamConfig(k, c.Replicas(), cfg.MaxBytes)
-		var st jetstream.Stream
-		var err error
-		for {
-			octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			st, err = s.js.CreateOrUpdateStream(octx, sc)
-			cancel()
-			if err == nil {
-				break
-			}
-			// Right after start an R3 stream cannot be placed until every
-			// server has joined the meta group.
-			select {
-			case <-ctx.Done():
-				return nil, cluster.Fail("create stream "+sc.Name, err)
-			case <-time.After(250 * time.Millisecond):
-			}
+		// EnsureStream retries: right after start an R3 stream cannot be
+		// placed until every server has joined the meta group.
+		st, err := c.EnsureStream(ctx, streamConfig(k, c.Replicas(), cfg.MaxBytes))
+		if err != nil {
+			return nil, cluster.Fail("create stream "+streamName(k), err)
 		}
 		s.streams = append(s.streams, st)
 	}
