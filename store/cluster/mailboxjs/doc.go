@@ -75,7 +75,10 @@
 //     er_watch bucket, exact across nodes; a reader in the foreground on
 //     another node is found by a core request on er.fg.<app>.<id>.<dir>,
 //     answered only by a node whose reader is in the foreground.
-//   - Watches without a goroutine while they wait (watchhub.go).
+//   - Watches without a goroutine while they wait (watchhub.go), checked
+//     against the leader's head and claim every 30 s after the connection
+//     reconnected or dropped their messages: a notification lost with
+//     nothing after it, or a lost erased, is caught then.
 //
 // Departures from the spec, kept and declared to the contract suite: the
 // envelope bucket is per direction, in the head, not per mailbox (exact

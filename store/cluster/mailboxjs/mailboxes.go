@@ -42,10 +42,11 @@ type Mailboxes struct {
 	gone   []func(name string)
 	closed bool
 
-	hub *hub
+	hub        *hub
+	reconnects atomic.Uint64 // the connection's, as of the last resync
 	// dropLive, in tests, loses the republished messages it returns true
 	// for, as a reconnect or a slow consumer would.
-	dropLive func(*nats.Msg) bool
+	dropLive atomic.Pointer[func(*nats.Msg) bool]
 
 	stop    chan struct{}
 	done    chan struct{} // the refresher's
@@ -138,6 +139,7 @@ func newMailboxes(ctx context.Context, s *Store, lim store.MailboxLimits, log *s
 		_ = m.ctl.Unsubscribe()
 		return nil, cluster.Fail("subscribe control", err)
 	}
+	m.reconnects.Store(s.nc.Stats().Reconnects)
 	go m.refreshLoop()
 	go m.hub.run(m.stop, m.hubDone)
 	return m, nil

@@ -182,8 +182,9 @@ func TestMailboxesOnThreeNodes(t *testing.T) {
 		name := "mx/gap1"
 		claim(t, mbs[0], name)
 		var n atomic.Int64
-		mbs[2].dropLive = func(m *nats.Msg) bool { return n.Add(1)%3 != 0 }
-		defer func() { mbs[2].dropLive = nil }()
+		drop := func(m *nats.Msg) bool { return n.Add(1)%3 != 0 }
+		mbs[2].dropLive.Store(&drop)
+		defer mbs[2].dropLive.Store(nil)
 		r := &liveRecorder{}
 		stop, err := open(t, mbs[2], name).Watch(ctx(t), 'c', r.config())
 		if err != nil {
@@ -199,6 +200,48 @@ func TestMailboxesOnThreeNodes(t *testing.T) {
 		r.waitFor(t, want)
 		if r.replays() != 0 {
 			t.Fatalf("%d live envelopes delivered as replayed", r.replays())
+		}
+	})
+
+	t.Run("ResyncFindsWhatNoNoticeSaid", func(t *testing.T) {
+		// Node 2 loses every live notification (the last one has nothing
+		// after it to show the gap) and the erased notice: the periodic
+		// check delivers the envelopes, then ends the watch.
+		name := "mx/resync1"
+		claim(t, mbs[0], name)
+		r := &liveRecorder{}
+		ended := make(chan error, 1)
+		cfg := r.config()
+		cfg.End = func(err error) { ended <- err }
+		dropAll := func(*nats.Msg) bool { return true }
+		mbs[2].dropLive.Store(&dropAll)
+		stop, err := open(t, mbs[2], name).Watch(ctx(t), 'p', cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		w := open(t, mbs[0], name)
+		for seq := uint64(1); seq <= 3; seq++ {
+			put(t, w, 'p', seq, envelope(seq, "m"))
+		}
+		mbs[2].resync(true)
+		r.waitFor(t, []uint64{1, 2, 3})
+		mbs[2].dropLive.Store(nil)
+		n, _ := mbs[0].s.names(name)
+		if err := mbs[0].s.streams[n.shard].Purge(ctx(t), jetstream.WithPurgeSubject(n.base+".>")); err != nil {
+			t.Fatal(err) // an erase whose notice was lost
+		}
+		mbs[2].resync(true)
+		select {
+		case err := <-ended:
+			if !errors.Is(err, store.ErrErased) {
+				t.Fatalf("ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the watch of an erased mailbox did not end")
+		}
+		if cached(mbs[2], name) {
+			t.Fatal("the claim cache survived a resync after a reconnect")
 		}
 	})
 

@@ -228,6 +228,7 @@ func (m *Mailboxes) refreshLoop() {
 			return
 		case <-t.C:
 		}
+		m.resync(false)
 		m.mu.Lock()
 		held := make([]*slot, 0, len(m.held))
 		for sl := range m.held {

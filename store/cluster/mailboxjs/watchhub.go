@@ -5,12 +5,16 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"edgerelay/store"
 	"edgerelay/store/cluster"
 )
+
+// opTimeout bounds one check of a watch.
+const opTimeout = 5 * time.Second
 
 // The watches of Mailboxes: the same protocol as Store.Watch (subscribe to
 // the RePublish subject, read the head through the leader, backfill up to
@@ -25,6 +29,9 @@ import (
 // dispatcher queues what arrives meanwhile (at most watchQueueBytes: past
 // it the watch ends with store.ErrWatchOverflow). Erased reaches the
 // watches through the node's control subscription, not one per watch.
+// What no notice says (the last notification lost, with nothing after it
+// to show the gap; an erased notice lost) is found by resync every
+// slotRefresh after a reconnect or a slow consumer's drop.
 
 // hubQueueLen is the node's channel of republished messages: a dispatcher
 // that falls this far behind makes nats.go drop messages (a slow
@@ -102,6 +109,69 @@ func (h *hub) remove(w *liveWatch) {
 	h.mu.Unlock()
 }
 
+// resync, run every slotRefresh, covers what the chain cannot see: a
+// notification lost with nothing after it, and an erased notice lost. After
+// the connection reconnected (core messages are lost meanwhile) the claim
+// cache is dropped and every watch is checked; otherwise only the watches
+// whose subscription dropped messages (the dispatcher fell behind).
+func (m *Mailboxes) resync(force bool) {
+	reconnects := m.s.nc.Stats().Reconnects
+	all := m.reconnects.Swap(reconnects) != reconnects || force
+	if all {
+		m.mu.Lock()
+		clear(m.claims)
+		m.mu.Unlock()
+	}
+	m.hub.mu.Lock()
+	var ws []*liveWatch
+	for sub, w := range m.hub.subs {
+		dropped, _ := sub.Dropped()
+		if all || dropped != w.dropped {
+			w.dropped = dropped
+			ws = append(ws, w)
+		}
+	}
+	m.hub.mu.Unlock()
+	_ = cluster.Each(len(ws), func(i int) error {
+		ws[i].check()
+		return nil
+	})
+}
+
+// check reads the claim and the head through the leader: a mailbox gone
+// ends the watch; a head past the last message handled is read back.
+func (w *liveWatch) check() {
+	ctx, cancel := context.WithTimeout(w.life, opTimeout)
+	defer cancel()
+	rec, _, err := w.m.s.readClaim(ctx, w.n)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || (err == nil && rec.Token != w.token):
+		w.finish(store.ErrErased) // erased, or taken over by another token
+		return
+	case err != nil:
+		return // asked again next round
+	}
+	head, err := w.m.s.readHead(ctx, w.n, w.dir)
+	if err != nil {
+		return
+	}
+	// A marker as if head's message had come with an unknown predecessor:
+	// drain reads (last, head] back and delivers what it holds.
+	marker := &nats.Msg{Header: nats.Header{hdrStreamSq: {strconv.FormatUint(head.Rev, 10)}, hdrExpSeq: {strconv.FormatUint(^uint64(0), 10)}}}
+	w.mu.Lock()
+	if w.ended || head.Rev <= w.last {
+		w.mu.Unlock()
+		return
+	}
+	w.pending = append(w.pending, marker)
+	start := !w.replaying
+	w.replaying = true
+	w.mu.Unlock()
+	if start {
+		go w.drain()
+	}
+}
+
 // liveWatch is one watch of Mailboxes.
 type liveWatch struct {
 	m    *Mailboxes
@@ -116,6 +186,8 @@ type liveWatch struct {
 	// claimRev is the claim record's revision when the watch began (set
 	// before the watch is registered for erased notices).
 	claimRev uint64
+	token    store.Hash
+	dropped  int // the subscription's dropped messages, as of the last resync (hub.mu)
 
 	mu        sync.Mutex // held briefly, never while delivering or reading
 	replaying bool       // a goroutine backfills or reads back; onMsg queues
@@ -139,7 +211,7 @@ func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (f
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true, claimRev: ^uint64(0)}
+	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true, claimRev: ^uint64(0), token: h.e.token}
 	w.life, w.cancel = context.WithCancel(context.Background())
 	// Registered under the hub's lock, so that the dispatcher cannot see
 	// a message of the subscription before it knows the watch.
@@ -235,7 +307,7 @@ func (w *liveWatch) finish(err error) {
 
 // onMsg runs on the dispatcher: it must not block.
 func (w *liveWatch) onMsg(m *nats.Msg) {
-	if w.m.dropLive != nil && w.m.dropLive(m) {
+	if drop := w.m.dropLive.Load(); drop != nil && (*drop)(m) {
 		return
 	}
 	w.mu.Lock()
