@@ -179,7 +179,9 @@ type liveWatch struct {
 	name string
 	dir  byte
 	cfg  store.WatchConfig
-	// life ends with the watch: the read-back of a gap uses it.
+	// ctx is the caller's, given to Deliver; life ends with the watch:
+	// the store reads of a read-back use it.
+	ctx    context.Context
 	life   context.Context
 	cancel context.CancelFunc
 	sub    *nats.Subscription
@@ -211,7 +213,7 @@ func (h *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (f
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, replaying: true, claimRev: ^uint64(0), token: h.e.token}
+	w := &liveWatch{m: m, n: n, name: h.e.name, dir: dir, cfg: cfg, ctx: ctx, replaying: true, claimRev: ^uint64(0), token: h.e.token}
 	w.life, w.cancel = context.WithCancel(context.Background())
 	// Registered under the hub's lock, so that the dispatcher cannot see
 	// a message of the subscription before it knows the watch.
@@ -343,7 +345,7 @@ func (w *liveWatch) onMsg(m *nats.Msg) {
 	}
 	w.last = seq
 	w.mu.Unlock()
-	if err := w.handle(w.life, m.Subject, m.Data, false); err != nil {
+	if err := w.handle(w.ctx, m.Subject, m.Data, false); err != nil {
 		w.finish(err)
 	}
 }
@@ -427,7 +429,7 @@ func (w *liveWatch) drain() {
 				var derr error
 				var err error
 				last, err = w.m.s.readBack(w.life, w.n, w.dir, last, seq, func(subject string, data []byte) bool {
-					derr = w.handle(w.life, subject, data, false)
+					derr = w.handle(w.ctx, subject, data, false)
 					return derr == nil
 				})
 				switch {
@@ -445,7 +447,7 @@ func (w *liveWatch) drain() {
 				}
 			}
 			last = seq
-			if err := w.handle(w.life, m.Subject, m.Data, false); err != nil {
+			if err := w.handle(w.ctx, m.Subject, m.Data, false); err != nil {
 				w.finish(err)
 				return
 			}
