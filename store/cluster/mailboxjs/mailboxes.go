@@ -256,13 +256,21 @@ func (m *Mailboxes) evictLocked() {
 }
 
 // Open authorizes token for the live mailbox name from the node's cache
-// when it can: an entry for token, checked within TouchEvery, active
-// within Idle. Anything else is read through the leader.
+// when it can: an entry checked within TouchEvery and active within Idle
+// answers at once, for its token or (ErrForbidden) against another, so a
+// flood of wrong bearers costs the leader nothing either. Anything else
+// is read through the leader. (An entry of a mailbox another token took
+// over is never fresh: a takeover needs the mailbox idle, and its notice
+// goes out before the new claim is written.)
 func (m *Mailboxes) Open(ctx context.Context, name []byte, token store.Hash, now int64) (store.Mailbox, error) {
 	m.mu.Lock()
 	e := m.claims[string(name)]
 	m.mu.Unlock()
-	if e == nil || e.token != token || now-e.checked.Load() > int64(m.lim.TouchEvery) || now-e.active.Load() > int64(m.lim.Idle) {
+	fresh := e != nil && now-e.checked.Load() <= int64(m.lim.TouchEvery) && now-e.active.Load() <= int64(m.lim.Idle)
+	if fresh && e.token != token {
+		return nil, store.ErrForbidden
+	}
+	if !fresh {
 		var err error
 		if e, err = m.verify(ctx, string(name), token, now); err != nil {
 			return nil, err

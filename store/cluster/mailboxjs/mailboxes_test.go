@@ -66,12 +66,16 @@ func TestMailboxesOnThreeNodes(t *testing.T) {
 		if n := nc.Stats().OutMsgs - before; n != 0 {
 			t.Fatalf("100 Opens from the cache sent %d messages", n)
 		}
-		// Another node reads the record once, then answers from its cache.
+		// Another node reads the record once, then answers from its
+		// cache, a wrong bearer too.
 		open(t, mbs[1], name)
 		before = mbs[1].s.nc.Stats().OutMsgs
 		open(t, mbs[1], name)
+		if _, err := mbs[1].Open(ctx(t), []byte(name), store.Hash{8}, t0); !errors.Is(err, store.ErrForbidden) {
+			t.Fatalf("a wrong bearer: %v", err)
+		}
 		if n := mbs[1].s.nc.Stats().OutMsgs - before; n != 0 {
-			t.Fatalf("a cached Open on node 1 sent %d messages", n)
+			t.Fatalf("cached Opens on node 1 sent %d messages", n)
 		}
 	})
 
