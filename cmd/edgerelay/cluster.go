@@ -14,6 +14,7 @@ import (
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
+	"edgerelay/store/cluster/mailboxjs"
 	"edgerelay/store/cluster/pushkv"
 	"edgerelay/store/mailboxlocal"
 	"edgerelay/store/natsembed"
@@ -112,29 +113,6 @@ func (r *relay) unavailable() error {
 	return r.cluster.Unavailable()
 }
 
-// clusterServices refuses the services whose state is not shared through
-// the cluster yet: running them on this node's own store behind a balancer
-// would hand out one claim twice and lose writes made through another node.
-func clusterServices(cfg config.Config) error {
-	for _, s := range []config.Service{config.Mailbox, config.Channel, config.Agent, config.PushFCM, config.PushAPNs} {
-		if cfg.Listeners[s].On() && !sharesState(s) {
-			return fmt.Errorf("cluster mode: the %s service does not share its state across nodes yet; turn it off on cluster nodes (%s=)", s, s.ListenEnv())
-		}
-	}
-	return nil
-}
-
-// sharesState reports whether a service's durable state has a cluster
-// backend (TURN has none to share: its credentials are stateless).
-func sharesState(s config.Service) bool {
-	switch s {
-	case config.Channel, config.Agent, config.PushFCM, config.PushAPNs:
-		return true
-	default:
-		return false
-	}
-}
-
 // mailboxLimits are the mailbox's bounds from the settings.
 func mailboxLimits(cfg config.Config) store.MailboxLimits {
 	return store.MailboxLimits{
@@ -151,7 +129,16 @@ func (r *relay) mailboxes(ctx context.Context, cfg config.Config, db *store.DB, 
 			EnvelopeCache: envelopeCache(cfg.Mailbox.EnvelopeCache), Logger: log,
 		})
 	}
-	return nil, errors.New("mailbox: no cluster backend yet")
+	js, err := mailboxjs.Open(ctx, r.cluster, mailboxjs.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("mailbox: cluster streams: %w", err)
+	}
+	mb, err := mailboxjs.NewMailboxes(ctx, js, mailboxLimits(cfg), log)
+	if err != nil {
+		return nil, fmt.Errorf("mailbox: cluster store: %w", err)
+	}
+	r.closers = append(r.closers, mb.Close)
+	return mb, nil
 }
 
 // channelClaims is the private channel's durable state: this node's

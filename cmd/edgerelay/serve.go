@@ -142,9 +142,6 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 
 	unavailable := db.Unavailable
 	if cfg.Cluster.On() {
-		if err := clusterServices(cfg); err != nil {
-			return nil, err
-		}
 		if r.cluster, err = openCluster(ctx, cfg, log); err != nil {
 			return nil, err
 		}
