@@ -1,8 +1,9 @@
 // Package mailboxjs is the mailbox's cluster backend: claims, envelopes,
 // pruned marks, sealed push registrations, idle expiry and erase in
-// JetStream, shared by every node, and watch across nodes. It is the store
-// half of issue 15's mailbox; docs/cluster-mailbox.md has the figures and
-// the plan for wiring fastpath/mailbox to it.
+// JetStream, shared by every node, and watch across nodes: issue 15's
+// mailbox. Store is the layout and its decisions; Mailboxes (below) is the
+// store.Mailboxes the handler runs on in cluster mode.
+// docs/cluster-mailbox.md has the figures.
 //
 // # Layout
 //
