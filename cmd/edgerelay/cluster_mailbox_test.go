@@ -560,6 +560,85 @@ func TestClusterMailboxScenariosOnOneNode(t *testing.T) {
 	fake, env := mailboxPushEnv(t)
 	s = startServer(t, env...)
 	pushForegroundAcrossNodes(t, &relayCluster{t: t, nodes: []*relayProc{s, s, s}}, fake)
+	s = startServer(t, clusterIdleEnv...)
+	idleExpiryAcrossNodes(t, &relayCluster{t: t, nodes: []*relayProc{s, s, s}})
+}
+
+// TestClusterMailboxIdleExpiryAcrossNodes: RELAY_IDLE counts a mailbox's
+// claims and writes through any node, never its reads: a mailbox written
+// through one node and read through another expires one idle time after
+// the write (not before), the watcher on a third node is closed with
+// 1000, every node answers 404 and the id can be claimed again; a mailbox
+// kept alive by heartbeats through the nodes in turn outlives it.
+func TestClusterMailboxIdleExpiryAcrossNodes(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterIdleEnv...)
+	for _, n := range c.nodes {
+		waitReadyz(t, n, http.StatusOK, 30*time.Second)
+	}
+	idleExpiryAcrossNodes(t, c)
+}
+
+const clusterIdle = 3 * time.Second
+
+var clusterIdleEnv = []string{"RELAY_APPS=notes", "RELAY_IDLE=" + clusterIdle.String()}
+
+// idleExpiryAcrossNodes is TestClusterMailboxIdleExpiryAcrossNodes on c's
+// nodes (run with clusterIdleEnv).
+func idleExpiryAcrossNodes(t *testing.T, c *relayCluster) {
+	node := func(i int) string { return c.nodes[i].origin("mailbox") }
+	gone, kept := newClusterLink(t, "notes"), newClusterLink(t, "notes")
+	wantAnswer(t, "claim", gone.do(t, "PUT", gone.url(node(0), ""), nil, ""), 201, "")
+	wantAnswer(t, "claim", kept.do(t, "PUT", kept.url(node(1), ""), nil, ""), 201, "")
+	env := clusterEnvelope(1, 50, 'i')
+	written := time.Now()
+	wantAnswer(t, "PUT p2c/1 on node 1", gone.do(t, "PUT", gone.url(node(1), "/p2c/1"), env, ""), 201, "")
+	acked := time.Now()
+	w := openWatcher(t, gone, node(2), link.P2C, 0)
+	w.waitFor(t, "the watcher on node 2", 1)
+
+	// Reads of gone through node 2 until it is gone; a heartbeat of kept
+	// through the nodes in turn every quarter of the idle time.
+	var expired time.Time
+	for i := 0; expired.IsZero() || time.Since(written) < 2*clusterIdle; i++ {
+		if time.Since(acked) > clusterIdle+15*time.Second {
+			t.Fatalf("a mailbox last written %s ago still answers", time.Since(acked))
+		}
+		a := gone.do(t, "GET", gone.url(node(2), "/p2c/1"), nil, "")
+		switch {
+		case a.code == 200 && expired.IsZero():
+		case a.code == 404 && expired.IsZero():
+			expired = time.Now()
+			if expired.Sub(written) < clusterIdle {
+				t.Fatalf("expired %s after its write, before RELAY_IDLE=%s", expired.Sub(written), clusterIdle)
+			}
+			wantAnswer(t, "GET of an expired mailbox", a, 404, "not_found")
+		case a.code == 404:
+		default:
+			t.Fatalf("GET of a mailbox %s after its write (expired at %v): %d %s", time.Since(written), expired, a.code, a.body)
+		}
+		if i%8 == 0 {
+			wantAnswer(t, fmt.Sprintf("heartbeat on node %d", i/8%3), kept.do(t, "PUT", kept.url(node(i/8%3), ""), nil, ""), 204, "")
+		}
+		time.Sleep(clusterIdle / 32) // the clients' pace
+	}
+	t.Logf("a mailbox read through another node expired %s after its write (RELAY_IDLE=%s)", expired.Sub(written).Round(10*time.Millisecond), clusterIdle)
+	if code := w.closedWith(t, "the watcher on node 2 of the expired mailbox"); code != 1000 {
+		t.Fatalf("the watcher on node 2 of the expired mailbox closed with %d, want 1000", code)
+	}
+	w.wantExactly(t, "the watcher on node 2 of the expired mailbox", map[uint64][]byte{1: env}, 1)
+	for i := range c.nodes {
+		wantAnswer(t, fmt.Sprintf("HEAD p2c of the expired mailbox on node %d", i), gone.do(t, "HEAD", gone.url(node(i), "/p2c"), nil, ""), 404, "")
+		if got := headDir(t, kept, node(i), link.P2C); got != "first 0 last 0 count 0" {
+			t.Fatalf("HEAD p2c of the mailbox kept alive, on node %d: %s", i, got)
+		}
+	}
+	taker := clusterLink{app: gone.app, id: gone.id, token: newClusterLink(t, "notes").token}
+	wantAnswer(t, "claim of the expired id by another token on node 1", taker.do(t, "PUT", taker.url(node(1), ""), nil, ""), 201, "")
+	for i := range c.nodes {
+		if got := headDir(t, taker, node(i), link.P2C); got != "first 0 last 0 count 0" {
+			t.Fatalf("HEAD p2c of the new holder on node %d: %s (the old envelope survived the expiry)", i, got)
+		}
+	}
 }
 
 // mailboxPushEnv is a fake APNs and the environment of a relay whose app
@@ -636,10 +715,14 @@ func pushForegroundAcrossNodes(t *testing.T, c *relayCluster, fake *pushtest.Fak
 	if tags["foreground"] != 0 || tags["open"] != 1 || tags["none"] != 1 {
 		t.Fatalf("pushes by tag %v: want none for the reader in the foreground on another node, one each for the others", tags)
 	}
-	// One more write for the other readers: still nothing for the reader
-	// in the foreground.
+	// One more write for each: nothing for the reader in the foreground,
+	// nothing for the one whose registration was deleted through another
+	// node, one more for the reader without a ping.
+	wantAnswer(t, "delete the registration on node 1", none.do(t, "DELETE", none.url(node(1), "/p2c/push"), nil, ""), 204, "")
+	putNotify(fg, 1, 4)
+	putNotify(none, 2, 2)
 	putNotify(open, 0, 2)
 	if got := fake.Wait(3, 20*time.Second); len(got) != 3 || !strings.Contains(string(got[2].Body), `"tag":"open"`) {
-		t.Fatalf("APNs received %d pushes after one more write, want 3, the last for the reader without a ping", len(got))
+		t.Fatalf("APNs received %d pushes after one more write each, want 3, the last for the reader without a ping", len(got))
 	}
 }
