@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fasthttp/websocket"
+
 	"edgerelay/push/pushtest"
 	"edgerelay/sdk/link"
 	sdkmailbox "edgerelay/sdk/mailbox"
@@ -548,6 +550,66 @@ func TestClusterMailboxPushForegroundAcrossNodes(t *testing.T) {
 		waitReadyz(t, n, http.StatusOK, 30*time.Second)
 	}
 	pushForegroundAcrossNodes(t, c, fake)
+	// The same cluster has the default storage limits, room for a few MiB.
+	t.Run("SlowReaderAcrossNodes", func(t *testing.T) { slowReaderAcrossNodes(t, c) })
+}
+
+// watchSocket dials a raw watch socket of l's p2c above 0 through origin.
+func watchSocket(t *testing.T, l clusterLink, origin string, d *websocket.Dialer) *websocket.Conn {
+	t.Helper()
+	dd := *d
+	dd.Subprotocols = []string{sdkmailbox.Subprotocol}
+	u := "ws" + strings.TrimPrefix(l.url(origin, "/p2c/watch?after=0"), "http")
+	conn, resp, err := dd.Dial(u, http.Header{"Authorization": {"Bearer " + l.token}})
+	if err != nil {
+		t.Fatalf("watch through %s: %v %v", origin, err, resp)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// slowReaderAcrossNodes: a watcher on node 2 that stops reading is closed
+// with 1013 once it is 1 MiB behind, while another watcher on the same
+// node (the same node's delivery of that direction) and one on node 1
+// get every envelope written through node 0, in order.
+func slowReaderAcrossNodes(t *testing.T, c *relayCluster) {
+	node := func(i int) string { return c.nodes[i].origin("mailbox") }
+	l := newClusterLink(t, "chat")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(0), ""), nil, ""), 201, "")
+	sockets := func() float64 { return hostileMetric(t, c.nodes[2], "edgerelay_mailbox_watch_sockets") }
+	before := sockets()
+	frozen := watchSocket(t, l, node(2), frozenDialer(nil))
+	live := watchSocket(t, l, node(2), websocket.DefaultDialer)
+	other := watchSocket(t, l, node(1), websocket.DefaultDialer)
+	onTwo := 2.0 // node 2's sockets of the three
+	if c.nodes[1] == c.nodes[2] {
+		onTwo = 3 // one node standing for three
+	}
+	waitUntil(t, func() bool { return sockets() == before+onTwo })
+
+	const size = 60000
+	n := frozenBytes(1<<20) / size // about 105: within the burst of 120 writes
+	check := func(i int, msg []byte) error {
+		if len(msg) != size || binary.BigEndian.Uint64(msg[1:9]) != uint64(i+1) {
+			return fmt.Errorf("got %d bytes, want envelope %d", len(msg), i+1)
+		}
+		return nil
+	}
+	progress := make(chan int, n)
+	liveDone := liveReader(live, n, progress, check)
+	otherDone := liveReader(other, n, make(chan int, n), check)
+	mb := l.on(node(0))
+	pace(t, n, 4, progress, liveDone, func(i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_, err := mb.Put(ctx, link.P2C, uint64(i+1), clusterEnvelope(uint64(i+1), size, byte(i)), "")
+		return err
+	})
+	if err := <-otherDone; err != nil {
+		t.Fatalf("the watcher on node 1: %v", err)
+	}
+	waitUntil(t, func() bool { return sockets() == before+onTwo-1 })
+	expectCutOff(t, frozen, websocket.CloseTryAgainLater, n)
 }
 
 // TestClusterMailboxScenariosOnOneNode runs the scenarios of the cluster
@@ -559,7 +621,9 @@ func TestClusterMailboxScenariosOnOneNode(t *testing.T) {
 	mailboxAcrossNodes(t, &relayCluster{t: t, nodes: []*relayProc{s, s, s}})
 	fake, env := mailboxPushEnv(t)
 	s = startServer(t, env...)
-	pushForegroundAcrossNodes(t, &relayCluster{t: t, nodes: []*relayProc{s, s, s}}, fake)
+	one := &relayCluster{t: t, nodes: []*relayProc{s, s, s}}
+	pushForegroundAcrossNodes(t, one, fake)
+	slowReaderAcrossNodes(t, one)
 	s = startServer(t, clusterIdleEnv...)
 	idleExpiryAcrossNodes(t, &relayCluster{t: t, nodes: []*relayProc{s, s, s}})
 }
