@@ -18,6 +18,7 @@ import (
 	"edgerelay/store"
 	"edgerelay/store/cluster/clustertest"
 	"edgerelay/store/cluster/mailboxjs"
+	"edgerelay/store/mailboxlocal"
 )
 
 // envelopeSize is the payload of every write: 256 bytes, as in CLUSTER.md §8.
@@ -26,6 +27,15 @@ const envelopeSize = 256
 const shards = 12
 
 var unlimited = mailboxjs.Limits{MaxStored: 1 << 30, MaxStoredBytes: 1 << 40}
+
+// benchLimits are the store.Mailboxes limits of the measured writes: the
+// spec's idle time, the stored bounds and the envelope bucket lifted so
+// that rounds of writes into one direction never fill or drain it (the
+// checks still run on every write, in the head or in memory).
+var benchLimits = store.MailboxLimits{
+	Idle: 720 * time.Hour, MaxStored: 1 << 30, MaxStoredBytes: 1 << 40,
+	EnvelopeBurst: 1 << 30, EnvelopeEvery: time.Nanosecond,
+}.WithDefaults()
 
 func envelope(seq uint64) []byte {
 	e := make([]byte, envelopeSize)
@@ -39,6 +49,10 @@ func envelope(seq uint64) []byte {
 type bench struct {
 	nodes  *clustertest.Nodes
 	stores []*mailboxjs.Store
+	// mbs are the nodes' store.Mailboxes (what the mailbox handler
+	// calls), local the single node's over Pebble in the same process.
+	mbs    []store.Mailboxes
+	local  store.Mailboxes
 	runs   atomic.Int64 // makes every sub-benchmark run's mailboxes new
 	filled bool         // the reads' direction is written (fillForReads)
 }
@@ -63,6 +77,20 @@ func BenchmarkCluster(b *testing.B) {
 			b.Fatal(err)
 		}
 		bc.stores = append(bc.stores, s)
+		m, err := mailboxjs.NewMailboxes(clustertest.Context(b), s, benchLimits, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = m.Close() })
+		bc.mbs = append(bc.mbs, m)
+	}
+	db, err := store.Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = db.Close() })
+	if bc.local, err = mailboxlocal.New(mailboxlocal.Config{Log: store.NewEnvelopeLog(db), Limits: benchLimits}); err != nil {
+		b.Fatal(err)
 	}
 	// Rounds alternate the cases, so that a neighbour's load on a shared
 	// box falls on all of them alike; compare medians (benchstat).
@@ -70,10 +98,12 @@ func BenchmarkCluster(b *testing.B) {
 		for _, w := range []int{1, 64} {
 			b.Run(fmt.Sprintf("raw/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.raw) })
 			b.Run(fmt.Sprintf("put/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.put) })
+			b.Run(fmt.Sprintf("pebble/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.put) })
 			b.Run(fmt.Sprintf("batch-model/writers=%d", w), func(b *testing.B) { bc.run(b, w, bc.batchModel) })
 		}
-		b.Run("watch/ours", bc.watchLatency)
+		b.Run("watch/ours", func(b *testing.B) { bc.watchLatency(b, bc.mbs[0], bc.mbs[2]) })
 		b.Run("watch/raw", bc.watchRaw)
+		b.Run("watch/pebble", func(b *testing.B) { bc.watchLatency(b, bc.local, bc.local) })
 	}
 	// Reads, once: GET by seq (binary search over the direction) and a
 	// fetch of 100 (a Direct Get batch), on a direction of 1,000
@@ -95,8 +125,9 @@ func (bc *bench) claim(b *testing.B, node int, name string) {
 // writer is one writer's state: its mailbox and what it needs between ops.
 type writer struct {
 	node    int
-	name    string // <app>/<id> of its mailbox
-	shard   int    // of name, found from the store's first write
+	name    string        // <app>/<id> of its mailbox
+	h       store.Mailbox // put and pebble: the handle the handler would hold
+	shard   int           // of name, found from the store's first write
 	seq     uint64
 	headRev uint64 // batch model: the revision its head CAS expects
 	msg     *nats.Msg
@@ -106,8 +137,11 @@ type writer struct {
 type op func(ctx context.Context, w *writer) error
 
 // run measures writers concurrent writers, each on its own direction,
-// spread over the three nodes as an L4 balancer would spread clients.
+// spread over the three nodes as an L4 balancer would spread clients (the
+// pebble case: on the single node's store, the sub-benchmark's name says
+// which).
 func (bc *bench) run(b *testing.B, writers int, do op) {
+	pebble := strings.Contains(b.Name(), "/pebble/")
 	run := bc.runs.Add(1)
 	ws := make([]*writer, writers)
 	// The claims and first writes (not timed) place the mailboxes, all
@@ -120,16 +154,34 @@ func (bc *bench) run(b *testing.B, writers int, do op) {
 		ws[i].shard = shardOf(b, bc.stores[0], ws[i].name)
 		setup.Go(func() {
 			w := ws[i]
-			if _, err := bc.stores[w.node].Claim(context.Background(), w.name, store.Hash{1}, time.Now().UnixNano(), time.Hour, 720*time.Hour); err != nil {
+			mbs := bc.mbs[w.node]
+			if pebble {
+				mbs = bc.local
+			}
+			ctx, now := context.Background(), time.Now().UnixNano()
+			if _, err := mbs.Claim(ctx, []byte(w.name), store.Hash{1}, now); err != nil {
 				b.Error(err)
 				return
 			}
-			if _, err := bc.stores[w.node].Put(context.Background(), w.name, 'p', 1, envelope(1), unlimited, time.Now().UnixNano()); err != nil {
+			h, err := mbs.Open(ctx, []byte(w.name), store.Hash{1}, now)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			w.h = h
+			if _, err := h.Put(ctx, 'p', 1, envelope(1), false, now); err != nil {
 				b.Error(err)
 			}
 		})
 	}
 	setup.Wait()
+	defer func() {
+		for _, w := range ws {
+			if w.h != nil {
+				w.h.Release()
+			}
+		}
+	}()
 	if b.Failed() {
 		return
 	}
@@ -185,12 +237,13 @@ func cutName(name string) (string, string, bool) {
 	return name, "", false
 }
 
-// put is our PUT through the mailbox API.
+// put is our PUT through store.Mailboxes, as the mailbox handler makes it
+// (the cluster's or, in the pebble case, the single node's).
 func (bc *bench) put(ctx context.Context, w *writer) error {
 	w.seq++
-	r, err := bc.stores[w.node].Put(ctx, w.name, 'p', w.seq, envelope(w.seq), unlimited, time.Now().UnixNano())
-	if err == nil && r.Outcome != mailboxjs.Created {
-		err = fmt.Errorf("put %d: outcome %d", w.seq, r.Outcome)
+	r, err := w.h.Put(ctx, 'p', w.seq, envelope(w.seq), false, time.Now().UnixNano())
+	if err == nil && r.Outcome != store.PutCreated {
+		err = fmt.Errorf("put %d: %v", w.seq, r.Outcome)
 	}
 	return err
 }
@@ -265,26 +318,42 @@ func (bc *bench) batchOnce(ctx context.Context, nc *nats.Conn, w *writer, base s
 	return nil
 }
 
-// watchLatency: a write through node 0, its delivery to a watcher on node
-// 2, one write at a time; the time from the start of the Put to Deliver.
-func (bc *bench) watchLatency(b *testing.B) {
-	name := fmt.Sprintf("bench/watch%d-mailbox0000000", bc.runs.Add(1))
-	bc.claim(b, 0, name)
+// watchLatency: a write through from (node 0), its delivery to a watcher
+// on to (node 2; the pebble case: the same single node), one write at a
+// time; the time from the start of the Put to Deliver.
+func (bc *bench) watchLatency(b *testing.B, from, to store.Mailboxes) {
+	name := []byte(fmt.Sprintf("bench/watch%d-mailbox0000000", bc.runs.Add(1)))
+	ctx, now := context.Background(), time.Now().UnixNano()
+	if _, err := from.Claim(ctx, name, store.Hash{1}, now); err != nil {
+		b.Fatal(err)
+	}
+	writer, err := from.Open(ctx, name, store.Hash{1}, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer writer.Release()
+	reader, err := to.Open(ctx, name, store.Hash{1}, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reader.Release()
 	var mu sync.Mutex
 	sent := make(map[uint64]time.Time)
 	got := make(chan time.Duration, 1)
-	w, err := bc.stores[2].Watch(context.Background(), name, 'p', mailboxjs.WatchConfig{
-		Deliver: func(seq uint64, env []byte) {
+	stop, err := reader.Watch(ctx, 'p', store.WatchConfig{
+		Deliver: func(_ context.Context, env []byte, _ bool) error {
 			mu.Lock()
-			t0 := sent[seq]
+			t0 := sent[envelopeSeqOf(env)]
 			mu.Unlock()
 			got <- time.Since(t0)
+			return nil
 		},
+		End: func(err error) { b.Errorf("watch ended: %v", err) },
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer w.Close()
+	defer stop()
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -293,7 +362,7 @@ func (bc *bench) watchLatency(b *testing.B) {
 		mu.Lock()
 		sent[seq] = time.Now()
 		mu.Unlock()
-		if _, err := bc.stores[0].Put(context.Background(), name, 'p', seq, envelope(seq), unlimited, time.Now().UnixNano()); err != nil {
+		if _, err := writer.Put(ctx, 'p', seq, envelope(seq), false, time.Now().UnixNano()); err != nil {
 			b.Fatal(err)
 		}
 		select {

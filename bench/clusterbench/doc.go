@@ -12,7 +12,7 @@
 // pattern (bench/cmd/benchreport/mailboxcluster.go):
 //
 //	go test -run '^$' -benchmem -benchtime 400ms \
-//	  -bench '^BenchmarkCluster$/^(raw|put|watch)$/^(writers=(1|64)|ours|raw)(#0[1-2])?$' ./bench/clusterbench/
+//	  -bench '^BenchmarkCluster$/^(raw|put|pebble|watch)$/^(writers=(1|64)|ours|raw|pebble)(#0[1-2])?$' ./bench/clusterbench/
 //
 // Everything (three nats-servers, their clients, the writers) runs in one
 // process, so allocations and CPU are those of the whole cluster; on a

@@ -36,7 +36,7 @@ func mailboxClusterPattern(quick bool) string {
 	if rounds > 1 {
 		repeats = fmt.Sprintf("(#0[1-%d])?", rounds-1)
 	}
-	return `^BenchmarkCluster$/^(raw|put|watch)$/^(writers=(1|64)|ours|raw)` + repeats + `$`
+	return `^BenchmarkCluster$/^(raw|put|pebble|watch)$/^(writers=(1|64)|ours|raw|pebble)` + repeats + `$`
 }
 
 // clusterCase is one case's figures, one value per round in the order
@@ -71,12 +71,12 @@ func mailboxClusterCases(bench benchResults) map[string]*clusterCase {
 // and the watch delivery latency beside raw JetStream's RePublish.
 func mailboxClusterRows(bench benchResults) []row {
 	const setting = "3-node embedded NATS cluster on loopback in this process (R3, sync always, 12 shard streams), 256 B envelopes; " +
-		"the store's Put (store/cluster/mailboxjs), not the HTTP path: the mailbox handler is not wired to it yet"
+		"through store.Mailboxes, what the mailbox handler calls (store/cluster/mailboxjs), without the HTTP layer"
 	cases := mailboxClusterCases(bench)
 	var rows []row
 	for _, writers := range []string{"1", "64"} {
 		put, raw := cases["put/writers="+writers], cases["raw/writers="+writers]
-		figure := fmt.Sprintf("mailbox PUT in cluster mode, %s concurrent writer%s, each on its own direction, spread over the three nodes (%s; single-node Pebble's PUT is the mailbox PUT rows above): "+
+		figure := fmt.Sprintf("mailbox PUT in cluster mode, %s concurrent writer%s, each on its own direction, spread over the three nodes (%s): "+
 			"writes per wall second, mailboxjs Put vs a raw JetStream publish of the same bytes to the same shard stream, waiting for its ack", writers, plural(writers), setting)
 		if put == nil || raw == nil || len(put.rate) == 0 || len(raw.rate) == 0 {
 			rows = append(rows, row{Figure: figure, Ours: "missing", Baseline: "missing", Ratio: "—",
@@ -93,6 +93,17 @@ func mailboxClusterRows(bench benchResults) []row {
 				benchfmt.RoundRatio(median, ratios, abtest.Median(put.rate)/abtest.Median(raw.rate))),
 			Goal: verdict(fmt.Sprintf("≥ %.0f%% of raw JetStream", 100*mailboxClusterGoal), median >= mailboxClusterGoal),
 		})
+		if pebble := cases["pebble/writers="+writers]; pebble != nil && len(pebble.rate) > 0 {
+			ratios := abtest.RoundRatios(put.rate, pebble.rate)
+			rows = append(rows, row{
+				Figure: fmt.Sprintf("mailbox PUT, cluster vs single node, %s concurrent writer%s: the cluster's Put (as above) vs the single node's (store/mailboxlocal over synced Pebble, in the same process, same bytes, through store.Mailboxes); median of %d round%s alternated",
+					writers, plural(writers), len(ratios), plural(fmt.Sprint(len(ratios)))),
+				Ours:     clusterRateCell(put),
+				Baseline: clusterRateCell(pebble),
+				Ratio:    benchfmt.RoundRatio(abtest.Median(ratios), ratios, abtest.Median(put.rate)/abtest.Median(pebble.rate)),
+				Goal:     "— (measured: a quorum's fsync over the network against one local group commit; a cluster adds nodes for availability and connections, not PUT rate)",
+			})
+		}
 	}
 	ours, raw := cases["watch/ours"], cases["watch/raw"]
 	figure := "mailbox watch delivery latency in cluster mode, a Put through node 0 to Deliver on node 2's Watch, one write at a time (" + setting +
@@ -103,6 +114,17 @@ func mailboxClusterRows(bench benchResults) []row {
 	}
 	// Times: the ratio is baseline ÷ ours (below 1: ours is slower).
 	ratios := abtest.RoundRatios(raw.p50, ours.p50)
+	if pebble := cases["watch/pebble"]; pebble != nil && len(pebble.p50) > 0 {
+		pr := abtest.RoundRatios(pebble.p50, ours.p50)
+		rows = append(rows, row{
+			Figure: fmt.Sprintf("mailbox watch delivery latency, cluster (node 0 to node 2, as below) vs single node (store/mailboxlocal, a Put to its own Watch in the same process); median of %d round%s alternated; ratio of the p50s",
+				len(pr), plural(fmt.Sprint(len(pr)))),
+			Ours:     clusterLatencyCell(ours),
+			Baseline: clusterLatencyCell(pebble),
+			Ratio:    benchfmt.RoundRatio(abtest.Median(pr), pr, abtest.Median(pebble.p50)/abtest.Median(ours.p50)),
+			Goal:     "— (measured)",
+		})
+	}
 	return append(rows, row{
 		Figure:   fmt.Sprintf("%s; median of %d round%s alternated (allocs per delivery, whole process); ratio of the p50s", figure, len(ratios), plural(fmt.Sprint(len(ratios)))),
 		Ours:     clusterLatencyCell(ours),
