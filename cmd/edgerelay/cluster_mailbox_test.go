@@ -417,9 +417,103 @@ func mailboxAcrossNodes(t *testing.T, c *relayCluster) {
 		}
 	}
 
+	t.Run("RacingClaimsAndWritesAcrossNodes", func(t *testing.T) { clusterRaces(t, c) })
 	t.Run("WatcherLimitAcrossNodes", func(t *testing.T) { clusterWatcherLimit(t, c) })
 	t.Run("StoredLimitsAcrossNodes", func(t *testing.T) { clusterStoredLimits(t, c, clusterMaxStored, clusterMaxStoredBytes) })
 	t.Run("EnvelopeBucketAcrossNodes", func(t *testing.T) { clusterEnvelopeBucket(t, c) })
+}
+
+// clusterRaces: six tokens claiming one id at once through three nodes:
+// one 201, five 409 taken. Two writers of each sequence at once through
+// two nodes: with other bytes one 201 and one 409 conflict, and every
+// node serves the winner's bytes; with the same bytes one 201 and one 200,
+// and a watcher on the third node gets each envelope once.
+func clusterRaces(t *testing.T, c *relayCluster) {
+	node := func(i int) string { return c.nodes[i].origin("mailbox") }
+	l := newClusterLink(t, "notes")
+	codes := make(chan int, 6)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		racer := clusterLink{app: l.app, id: l.id, token: newClusterLink(t, "notes").token}
+		wg.Go(func() {
+			a, err := request(freshClient(nil), "PUT", racer.url(node(i%3), ""), racer.token, nil)
+			if err != nil {
+				t.Errorf("racing claim on node %d: %v", i%3, err)
+			}
+			codes <- a.code
+		})
+	}
+	wg.Wait()
+	close(codes)
+	got := map[int]int{}
+	for code := range codes {
+		got[code]++
+	}
+	if got[201] != 1 || got[409] != 5 {
+		t.Fatalf("six racing claims of one id over three nodes: %v, want one 201 and five 409", got)
+	}
+	// The writes race in a mailbox of their own.
+	l = newClusterLink(t, "notes")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(2), ""), nil, ""), 201, "")
+	w := openWatcher(t, l, node(2), link.C2P, 0)
+	const n = 8
+	same := map[uint64][]byte{}
+	for seq := uint64(1); seq <= n; seq++ {
+		type result struct {
+			node int
+			env  []byte
+			code int
+		}
+		results := make(chan result, 4)
+		for i := range 2 {
+			other, twin := clusterEnvelope(seq, 40, byte('a'+i)), clusterEnvelope(seq, 40, 's')
+			wg.Go(func() {
+				a, err := request(freshClient(nil), "PUT", l.url(node(i), fmt.Sprintf("/p2c/%d", seq)), l.token, other)
+				if err != nil {
+					t.Errorf("racing PUT p2c/%d on node %d: %v", seq, i, err)
+				}
+				results <- result{i, other, a.code}
+			})
+			wg.Go(func() {
+				a, err := request(freshClient(nil), "PUT", l.url(node(i), fmt.Sprintf("/c2p/%d", seq)), l.token, twin)
+				if err != nil {
+					t.Errorf("racing PUT c2p/%d on node %d: %v", seq, i, err)
+				}
+				results <- result{-1, twin, a.code}
+			})
+		}
+		wg.Wait()
+		close(results)
+		var winner []byte
+		got := map[string]int{}
+		for r := range results {
+			dir := "p2c"
+			if r.node < 0 {
+				dir = "c2p"
+			}
+			got[fmt.Sprintf("%s %d", dir, r.code)]++
+			if r.node >= 0 && r.code == 201 {
+				winner = r.env
+			}
+			if r.node < 0 {
+				same[seq] = r.env
+			}
+		}
+		if fmt.Sprint(got) != "map[c2p 200:1 c2p 201:1 p2c 201:1 p2c 409:1]" {
+			t.Fatalf("seq %d raced through nodes 0 and 1: %v, want one 201 and one 409 with other bytes, one 201 and one 200 with the same", seq, got)
+		}
+		for i := range c.nodes {
+			if a := l.do(t, "GET", l.url(node(i), fmt.Sprintf("/p2c/%d", seq)), nil, ""); a.code != 200 || !bytes.Equal(a.body, winner) {
+				t.Fatalf("GET p2c/%d on node %d: %d, not the bytes answered 201", seq, i, a.code)
+			}
+		}
+	}
+	w.waitFor(t, "the watcher of c2p on node 2", n)
+	wantAnswer(t, "erase", l.do(t, "DELETE", l.url(node(0), ""), nil, ""), 204, "")
+	if code := w.closedWith(t, "the watcher of c2p on node 2"); code != 1000 {
+		t.Fatalf("the watcher of c2p closed with %d after the erase", code)
+	}
+	w.wantExactly(t, "the watcher of c2p on node 2", same, n)
 }
 
 // clusterWatcherLimit: 8 watchers of one direction spread over three
@@ -542,7 +636,10 @@ func clusterEnvelopeBucket(t *testing.T, c *relayCluster) {
 // sees a watch on another node. A reader whose watch socket on node 0 sent
 // ping gets no push for writes with X-Relay-Notify through any node; a
 // reader whose watch is open but sent no ping, and one with no watch at
-// all, get theirs, sealed registrations opened on the writing node.
+// all, get theirs, sealed registrations opened on the writing node; a
+// registration deleted through another node is gone for every node. The
+// cluster also runs the slow reader case (it has the default storage
+// limits).
 func TestClusterMailboxPushForegroundAcrossNodes(t *testing.T) {
 	fake, env := mailboxPushEnv(t)
 	c := startRelayCluster(t, 3, []string{"mailbox"}, env...)
