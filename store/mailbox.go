@@ -377,3 +377,37 @@ func (l *EnvelopeLog) DeletePushRegistration(name string, dir byte) error {
 	}
 	return l.db.Commit(b)
 }
+
+// EachMailbox calls fn with the name and record of every mailbox, in name
+// order, until fn returns false (cluster import reads the whole keyspace
+// this way; a record of the wrong size is an error, not skipped, so that
+// nothing is left behind unnoticed).
+func (l *EnvelopeLog) EachMailbox(fn func(name string, rec MailboxRecord) bool) error {
+	prefix := []byte{serviceMailbox, kindMailbox}
+	it, err := l.db.pdb.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: PrefixEnd(prefix)})
+	if err != nil {
+		return fmt.Errorf("store: mailbox scan: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		raw, verr := it.ValueAndErr()
+		if verr != nil {
+			_ = it.Close()
+			return fmt.Errorf("store: mailbox scan: %w", verr)
+		}
+		if len(raw) != HashLen+8 {
+			_ = it.Close()
+			return fmt.Errorf("store: mailbox record of %q: %d bytes", k[len(prefix):], len(raw))
+		}
+		var r MailboxRecord
+		copy(r.Token[:], raw)
+		r.LastActive = int64(binary.BigEndian.Uint64(raw[HashLen:]))
+		if !fn(string(k[len(prefix):]), r) {
+			break
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: mailbox scan: %w", err)
+	}
+	return nil
+}
