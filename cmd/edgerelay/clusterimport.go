@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"edgerelay/fastpath/agent"
 	"edgerelay/store"
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
+	"edgerelay/store/cluster/mailboxjs"
 	"edgerelay/store/cluster/pushkv"
 )
 
@@ -43,6 +45,11 @@ func clusterImport(ctx context.Context, c *cluster.Cluster, from string, stdout 
 	if err == nil {
 		n, err = importPush(ctx, c, db)
 		counts = append(counts, importCounts{"push gateway", "API keys", n})
+	}
+	if err == nil {
+		var mailboxCounts []importCounts
+		mailboxCounts, err = importMailboxes(ctx, c, store.NewEnvelopeLog(db))
+		counts = append(counts, mailboxCounts...)
 	}
 	for _, k := range counts {
 		fmt.Fprintf(stdout, "%s: %d %s\n", k.service, k.n, k.what)
@@ -157,4 +164,41 @@ func importPush(ctx context.Context, c *cluster.Cluster, db *store.DB) (int, err
 		}
 	}
 	return n, nil
+}
+
+// mailboxImportTimeout bounds one mailbox's import (at most 2 × 4,096
+// envelopes, each one acknowledged publish).
+const mailboxImportTimeout = 5 * time.Minute
+
+// importMailboxes imports every mailbox (claim, pruned marks, envelopes,
+// sealed push registrations) through the cluster's mailbox store, in name
+// order, stopping at the first conflict. The mailbox streams are made
+// only when there is a mailbox to import. Each mailbox has its own
+// deadline, apart from the command's minute: a store of many mailboxes
+// takes longer than that.
+func importMailboxes(ctx context.Context, c *cluster.Cluster, from *store.EnvelopeLog) ([]importCounts, error) {
+	counts := []importCounts{{"mailbox", "mailboxes", 0}, {"mailbox", "envelopes", 0}}
+	var to *mailboxjs.Store
+	var err error
+	eachErr := from.EachMailbox(func(name string, rec store.MailboxRecord) bool {
+		if to == nil {
+			// The nodes' configuration (cluster.go opens it the same way):
+			// Open updates the streams to the config it is given.
+			if to, err = mailboxjs.Open(ctx, c, mailboxjs.Config{}); err != nil {
+				return false
+			}
+		}
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mailboxImportTimeout)
+		defer cancel()
+		var st mailboxjs.ImportStats
+		st, err = to.Import(mctx, from, name, rec)
+		counts[1].n += st.Envelopes
+		if err != nil {
+			err = fmt.Errorf("mailbox: %w", err)
+			return false
+		}
+		counts[0].n++
+		return true
+	})
+	return counts, errors.Join(eachErr, err)
 }
