@@ -50,8 +50,9 @@ type ImportStats struct {
 // with nothing written. Envelopes go through Put with no buckets and no
 // caps of count or bytes (the single node admitted them; the head's set
 // caps still apply, a direction past them is reported as full), at
-// now = LastActive, so the import neither refreshes the mailbox's
-// activity nor is rate-limited: Created and Retry (the same bytes,
+// now = LastActive (or the direction's later activity, when it was
+// written through the cluster since), so the import neither refreshes the
+// mailbox's activity nor moves it back, and is not rate-limited: Created and Retry (the same bytes,
 // imported before) are both fine, Pruned means the cluster pruned past
 // it since, Conflict (other bytes) is ErrImportConflict. A registration
 // (sealed under the bearer: moved as bytes, opened by the cluster's relay
@@ -123,6 +124,13 @@ func (s *Store) importDirection(ctx context.Context, from ImportSource, name str
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", where, err)
 	}
+	// A direction written through the cluster since (by the same bearer)
+	// keeps its later activity: Put stamps the head with now.
+	h, err := s.State(ctx, name, dir)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", where, err)
+	}
+	now = max(now, h.Active)
 	if ds.Pruned > 0 {
 		// Prune never lowers a mark; at or below the cluster's it only
 		// finishes that mark's purge.

@@ -269,6 +269,84 @@ func TestImportFromPebble(t *testing.T) {
 	})
 }
 
+// TestImportEdges: a direction with holes in its sequences, one with one
+// envelope past the envelope bucket's burst written at one instant (the
+// import charges no bucket), a direction pruned empty (its mark holds in
+// the cluster), and a direction written through the cluster since, whose
+// later activity the import keeps.
+func TestImportEdges(t *testing.T) {
+	_, st := start(t)
+	ctx := clustertest.Context(t)
+	from := pebbleSource(t)
+	name := "notes/import-edges"
+	active := time.Now().Add(-time.Minute).UnixNano()
+	rec := store.MailboxRecord{Token: store.Hash{21}, LastActive: active}
+	if err := from.Claim(name, rec, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	// p2c: 121 envelopes, the spec's burst of 120 and one more, with holes
+	// (every tenth sequence missing).
+	burst := store.DefaultMailboxLimits().EnvelopeBurst
+	var seqs []uint64
+	for seq := uint64(1); len(seqs) < burst+1; seq++ {
+		if seq%10 == 0 {
+			continue
+		}
+		seqs = append(seqs, seq)
+		if err := from.Put(name, 'p', seq, envelope(seq, fmt.Sprint("m", seq)), nil, 0); err != nil { // scanAll checks these bytes
+			t.Fatal(err)
+		}
+	}
+	// c2p: pruned empty.
+	for seq := uint64(1); seq <= 2; seq++ {
+		if err := from.Put(name, 'c', seq, envelope(seq, "gone"), nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := from.Prune(name, 'c', 2); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	for round := range 2 {
+		n, envs, err := importAll(t, st[round], from)
+		if err != nil || n != 1 || envs != burst+1 {
+			t.Fatalf("import round %d: %d mailboxes, %d envelopes, %v; want 1, %d, nil", round, n, envs, err, burst+1)
+		}
+		if round == 0 {
+			t.Logf("first import of %d envelopes: %v", envs, time.Since(began))
+		}
+		h, err := st[2].State(ctx, name, 'p')
+		if err != nil || h.Count != burst+1 || h.First() != 1 || h.Last() != seqs[len(seqs)-1] || h.Has(10) || !h.Has(11) {
+			t.Fatalf("round %d, p2c head: count %d first %d last %d, has 10 %v, 11 %v, %v; want %d 1 %d false true", round, h.Count, h.First(), h.Last(), h.Has(10), h.Has(11), err, burst+1, seqs[len(seqs)-1])
+		}
+		got := scanAll(t, st[1], name, 'p', 0)
+		if fmt.Sprint(got) != fmt.Sprint(seqs) {
+			t.Fatalf("round %d, p2c scan: %v, want %v", round, got, seqs)
+		}
+		h, err = st[1].State(ctx, name, 'c')
+		if err != nil || h.Count != 0 || h.Pruned != 2 {
+			t.Fatalf("round %d, c2p head: count %d pruned %d %v, want 0 and 2", round, h.Count, h.Pruned, err)
+		}
+	}
+	mustPut(t, st[0], name, 'c', 2, envelope(2, "gone"), Pruned)
+	// Written through the cluster after the import: the next import of an
+	// envelope added on the single node (an import run again after the
+	// devices moved) does not move the direction's activity back.
+	later := time.Now().UnixNano()
+	if r, err := st[0].Put(ctx, name, 'c', 3, envelope(3, "cluster"), noLimits, later); err != nil || r.Outcome != Created {
+		t.Fatal(r, err)
+	}
+	if err := from.Put(name, 'c', 4, envelope(4, "single"), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := importAll(t, st[1], from); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := st[2].State(ctx, name, 'c'); err != nil || h.Count != 2 || h.Active != later {
+		t.Fatalf("c2p head after a cluster write and an import: count %d active %d %v, want 2 and %d", h.Count, h.Active, err, later)
+	}
+}
+
 // p2cOld is an envelope of seq that the single node pruned.
 func p2cOld(seq uint64) []byte { return envelope(seq, fmt.Sprint("p", seq)) }
 
