@@ -113,6 +113,11 @@ func (r *relay) unavailable() error {
 	return r.cluster.Unavailable()
 }
 
+// mailboxStreams is the configuration of the mailbox's shard streams,
+// the same on every node and in edgerelay cluster import (Open updates the
+// streams to the config it is given).
+func mailboxStreams() mailboxjs.Config { return mailboxjs.Config{} }
+
 // mailboxLimits are the mailbox's bounds from the settings.
 func mailboxLimits(cfg config.Config) store.MailboxLimits {
 	return store.MailboxLimits{
@@ -129,7 +134,7 @@ func (r *relay) mailboxes(ctx context.Context, cfg config.Config, db *store.DB, 
 			EnvelopeCache: envelopeCache(cfg.Mailbox.EnvelopeCache), Logger: log,
 		})
 	}
-	js, err := mailboxjs.Open(ctx, r.cluster, mailboxjs.Config{})
+	js, err := mailboxjs.Open(ctx, r.cluster, mailboxStreams())
 	if err != nil {
 		return nil, fmt.Errorf("mailbox: cluster streams: %w", err)
 	}

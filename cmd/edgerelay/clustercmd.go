@@ -42,7 +42,9 @@ func runCluster(args []string, stdout, stderr io.Writer) int {
 		if *from == "" || fs.NArg() != 0 {
 			return usageError(stderr, "cluster import", "give the single node's data dir as --from DIR", clusterUsage)
 		}
-		err := withClusterClient(func(ctx context.Context, c *cluster.Cluster) error { return clusterImport(ctx, c, *from, stdout) })
+		// No deadline over the whole import: a large store takes longer
+		// than any fixed bound, and every cluster write has its own.
+		err := withClusterClient(0, func(ctx context.Context, c *cluster.Cluster) error { return clusterImport(ctx, c, *from, stdout) })
 		if err != nil {
 			fmt.Fprintf(stderr, "edgerelay cluster import: %v\n", err)
 			return 1
@@ -57,7 +59,7 @@ func runCluster(args []string, stdout, stderr io.Writer) int {
 		if !sharedSetting(name) {
 			return usageError(stderr, "cluster forget-setting", fmt.Sprintf("%s is not a setting the nodes must agree on", name), clusterUsage)
 		}
-		err := withClusterClient(func(ctx context.Context, c *cluster.Cluster) error { return c.ForgetSetting(ctx, name) })
+		err := withClusterClient(time.Minute, func(ctx context.Context, c *cluster.Cluster) error { return c.ForgetSetting(ctx, name) })
 		if err != nil {
 			fmt.Fprintf(stderr, "edgerelay cluster forget-setting: %v\n", err)
 			return 1
@@ -81,7 +83,7 @@ func sharedSetting(name string) bool {
 
 // withClusterClient connects to the cluster named by RELAY_NATS_URL for one
 // command, within a minute.
-func withClusterClient(fn func(context.Context, *cluster.Cluster) error) error {
+func withClusterClient(bound time.Duration, fn func(context.Context, *cluster.Cluster) error) error {
 	values, err := config.Load(nil, os.Environ(), io.Discard)
 	if err != nil {
 		return err
@@ -93,15 +95,23 @@ func withClusterClient(fn func(context.Context, *cluster.Cluster) error) error {
 	if len(cfg.Cluster.URLs) == 0 {
 		return fmt.Errorf("%s is empty: name the cluster's NATS (with embedded servers, any node's %s)", config.EnvNATSURL, config.EnvNATSEmbedListen)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Connecting gives up after a minute (a wrong address should not
+	// hang); the command then runs for at most bound (0: no bound).
+	octx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	host, _ := os.Hostname()
-	c, err := cluster.Open(ctx, cluster.Config{
+	c, err := cluster.Open(octx, cluster.Config{
 		NodeName: "edgerelay-cli-" + host, URLs: cfg.Cluster.URLs, CredsFile: cfg.Cluster.CredsFile,
 		TLSCA: cfg.Cluster.TLSCA, Replicas: cfg.Cluster.Replicas, Client: true,
 	}, nil)
 	if err != nil {
 		return err
+	}
+	ctx := context.Background()
+	if bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
 	}
 	return errors.Join(fn(ctx, c), c.Close())
 }

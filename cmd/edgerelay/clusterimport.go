@@ -173,22 +173,21 @@ const mailboxImportTimeout = 5 * time.Minute
 // importMailboxes imports every mailbox (claim, pruned marks, envelopes,
 // sealed push registrations) through the cluster's mailbox store, in name
 // order, stopping at the first conflict. The mailbox streams are made
-// only when there is a mailbox to import. Each mailbox has its own
-// deadline, apart from the command's minute: a store of many mailboxes
-// takes longer than that.
+// only when there is a mailbox to import. Each mailbox has a deadline of
+// its own (the command has none).
 func importMailboxes(ctx context.Context, c *cluster.Cluster, from *store.EnvelopeLog) ([]importCounts, error) {
 	counts := []importCounts{{"mailbox", "mailboxes", 0}, {"mailbox", "envelopes", 0}}
 	var to *mailboxjs.Store
 	var err error
 	eachErr := from.EachMailbox(func(name string, rec store.MailboxRecord) bool {
 		if to == nil {
-			// The nodes' configuration (cluster.go opens it the same way):
-			// Open updates the streams to the config it is given.
-			if to, err = mailboxjs.Open(ctx, c, mailboxjs.Config{}); err != nil {
+			// The nodes' configuration: Open updates the streams to the
+			// config it is given.
+			if to, err = mailboxjs.Open(ctx, c, mailboxStreams()); err != nil {
 				return false
 			}
 		}
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mailboxImportTimeout)
+		mctx, cancel := context.WithTimeout(ctx, mailboxImportTimeout)
 		defer cancel()
 		var st mailboxjs.ImportStats
 		st, err = to.Import(mctx, from, name, rec)
