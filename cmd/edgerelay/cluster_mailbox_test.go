@@ -246,7 +246,7 @@ func TestClusterMailboxAcrossNodes(t *testing.T) {
 // reach in a few requests.
 const clusterMaxStored, clusterMaxStoredBytes = 16, 16000
 
-var clusterMailboxEnv = []string{"RELAY_APPS=notes",
+var clusterMailboxEnv = []string{"RELAY_APPS=notes;talk:signal",
 	"RELAY_MAX_STORED=" + strconv.Itoa(clusterMaxStored), "RELAY_MAX_STORED_BYTES=" + strconv.Itoa(clusterMaxStoredBytes)}
 
 // mailboxAcrossNodes is TestClusterMailboxAcrossNodes on c's nodes (run
@@ -417,10 +417,50 @@ func mailboxAcrossNodes(t *testing.T, c *relayCluster) {
 		}
 	}
 
+	t.Run("EraseClosesSignalSocketsAcrossNodes", func(t *testing.T) { clusterEraseSignal(t, c) })
 	t.Run("RacingClaimsAndWritesAcrossNodes", func(t *testing.T) { clusterRaces(t, c) })
 	t.Run("WatcherLimitAcrossNodes", func(t *testing.T) { clusterWatcherLimit(t, c) })
 	t.Run("StoredLimitsAcrossNodes", func(t *testing.T) { clusterStoredLimits(t, c, clusterMaxStored, clusterMaxStoredBytes) })
 	t.Run("EnvelopeBucketAcrossNodes", func(t *testing.T) { clusterEnvelopeBucket(t, c) })
+}
+
+// clusterEraseSignal: an erase through node 1 closes the mailbox's signal
+// sockets on nodes 0 and 2 with 1000, as it closes its watch sockets.
+// (Which frames the two sides exchange across nodes is part 2 of cluster
+// mode; the erase is part 1's.)
+func clusterEraseSignal(t *testing.T, c *relayCluster) {
+	node := func(i int) string { return c.nodes[i].origin("mailbox") }
+	l := newClusterLink(t, "talk")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(0), ""), nil, ""), 201, "")
+	sides := map[string]*websocket.Conn{
+		"the primary on node 0":   mailboxConn(t, l, node(0), "/signal/primary", websocket.DefaultDialer),
+		"the companion on node 2": mailboxConn(t, l, node(2), "/signal/companion", websocket.DefaultDialer),
+	}
+	// Both sockets are open at their nodes before the erase.
+	sockets := func(i int) float64 { return hostileMetric(t, c.nodes[i], "edgerelay_mailbox_signal_sockets") }
+	waitUntil(t, func() bool {
+		if c.nodes[0] == c.nodes[2] { // one node standing for three
+			return sockets(0) >= 2
+		}
+		return sockets(0) >= 1 && sockets(2) >= 1
+	})
+	wantAnswer(t, "erase on node 1", l.do(t, "DELETE", l.url(node(1), ""), nil, ""), 204, "")
+	for name, conn := range sides {
+		_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+		for {
+			typ, msg, err := conn.ReadMessage()
+			if err == nil {
+				if typ != websocket.TextMessage || !strings.HasPrefix(string(msg), "peer ") {
+					t.Fatalf("%s: frame %q before the close", name, msg)
+				}
+				continue
+			}
+			if code, _ := sdkmailbox.CloseCode(err); code != 1000 {
+				t.Fatalf("%s after an erase through node 1: %v, want close 1000", name, err)
+			}
+			break
+		}
+	}
 }
 
 // clusterRaces: six tokens claiming one id at once through three nodes:
@@ -654,9 +694,16 @@ func TestClusterMailboxPushForegroundAcrossNodes(t *testing.T) {
 // watchSocket dials a raw watch socket of l's p2c above 0 through origin.
 func watchSocket(t *testing.T, l clusterLink, origin string, d *websocket.Dialer) *websocket.Conn {
 	t.Helper()
+	return mailboxConn(t, l, origin, "/p2c/watch?after=0", d)
+}
+
+// mailboxConn dials a raw WebSocket of l's (path: "/p2c/watch?after=0",
+// "/signal/primary") through origin.
+func mailboxConn(t *testing.T, l clusterLink, origin, path string, d *websocket.Dialer) *websocket.Conn {
+	t.Helper()
 	dd := *d
 	dd.Subprotocols = []string{sdkmailbox.Subprotocol}
-	u := "ws" + strings.TrimPrefix(l.url(origin, "/p2c/watch?after=0"), "http")
+	u := "ws" + strings.TrimPrefix(l.url(origin, path), "http")
 	conn, resp, err := dd.Dial(u, http.Header{"Authorization": {"Bearer " + l.token}})
 	if err != nil {
 		t.Fatalf("watch through %s: %v %v", origin, err, resp)
