@@ -77,6 +77,7 @@ type Cluster struct {
 	log         *slog.Logger
 	nodes       jetstream.KeyValue // er_nodes: liveness (nodes.go)
 	client      bool               // Config.Client
+	peers       *peers             // the beats of the other nodes (peers.go); nil for a client
 
 	// down is why the shared store cannot take writes right now (an error
 	// wrapping store.ErrUnavailable), or nil while it can.
@@ -172,6 +173,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	if err := c.waitReady(ctx); err != nil {
 		c.closeEngine()
 		return nil, err
+	}
+	if !c.client {
+		if err := c.startPeers(); err != nil {
+			c.closeEngine()
+			return nil, err
+		}
 	}
 	c.bg.Go(c.watch)
 	return c, nil

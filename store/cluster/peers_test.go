@@ -1,0 +1,78 @@
+package cluster_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"edgerelay/store/cluster/clustertest"
+)
+
+var errNotYet = errors.New("not yet")
+
+// TestPeersSeeANodeLeaveAndReturn: the other nodes hear a node that stops
+// within peerSilence (a stop says goodbye; a kill -9 is the silence rule,
+// tested in peers_internal_test.go and through the binary), and its
+// restart as a new incarnation.
+func TestPeersSeeANodeLeaveAndReturn(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	a, b := nodes.Node(0), nodes.Node(2)
+	node, inc := b.Node(), b.Incarnation()
+	// Until node 2's beats reach node 0 (the routes carry node 0's
+	// interest to node 2's server first), node 0 knows nothing of it.
+	heard := make(chan struct{}, 1)
+	sub, err := a.Conn().Subscribe("er.node.beat", func(m *nats.Msg) {
+		if string(m.Data) == node+" "+inc {
+			select {
+			case heard <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-heard:
+	case <-time.After(5 * time.Second):
+		t.Fatal("node 2's beats do not reach node 0")
+	}
+	_ = sub.Unsubscribe()
+	if !a.PeerAlive(node, inc) {
+		t.Fatal("node 0 does not count node 2 alive")
+	}
+	var mu sync.Mutex
+	var gone []string
+	a.OnPeerGone(func(n, i string) {
+		mu.Lock()
+		gone = append(gone, n+"/"+i)
+		mu.Unlock()
+	})
+	stopped := time.Now()
+	nodes.Stop(2)
+	waitFor(t, 2*time.Second, "node 0 hears node 2 leave", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(gone) != 1 || gone[0] != node+"/"+inc {
+			return errNotYet
+		}
+		return nil
+	})
+	t.Logf("gone after %v", time.Since(stopped))
+	if a.PeerAlive(node, inc) {
+		t.Fatal("a stopped node is alive")
+	}
+	b = nodes.Restart(2)
+	waitFor(t, 10*time.Second, "node 0 hears node 2's new incarnation", func() error {
+		if !a.PeerAlive(node, b.Incarnation()) {
+			return errNotYet
+		}
+		return nil
+	})
+	if a.PeerAlive(node, inc) {
+		t.Fatal("the old incarnation is alive again")
+	}
+}
