@@ -19,7 +19,9 @@ import (
 // exclusive wins.
 func TestLeases(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
-	ls := clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*cluster.Leases, error) { return c.Leases(ctx, "er_test_leases") })
+	ls := clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*cluster.Leases, error) {
+		return c.Leases(ctx, "er_test_leases")
+	})
 	ctx := clustertest.Context(t)
 
 	a, _, err := ls[0].Hold(ctx, "host.1", true)
