@@ -14,6 +14,7 @@ import (
 	"edgerelay/fastpath/ndjson"
 	"edgerelay/fastpath/sendq"
 	"edgerelay/fastpath/ws"
+	"edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -35,6 +36,11 @@ type attachment struct {
 	name string // the same, for maps
 	in   *instance
 	conn *ws.Conn
+	// slot is the attachment's place on its instance in the route.
+	slot route.AgentAttachment
+	// live is set once conn is set and the attachment registered: lines
+	// from another node's link reach conn only from then on.
+	live atomic.Bool
 	// detached is set once the instance has been told the client left.
 	detached atomic.Bool
 	// charged is this attachment's share of in.queued: what its queue
@@ -133,12 +139,32 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 	in.reserved++
 	in.mu.Unlock()
 
+	a := &attachment{name: newID("att-"), in: in}
+	a.id = []byte(a.name)
+	// The slot in the route makes the limit hold over every node (on
+	// one, the count above already did).
+	slot, err := h.cfg.Route.Attach(ctx, in.name, a.name, h.cfg.MaxAttachments, remoteClient{h, a})
+	if err != nil {
+		in.mu.Lock()
+		in.reserved--
+		in.mu.Unlock()
+		h.release(in)
+		if errors.Is(err, route.ErrAgentFull) {
+			h.m.refused.WithLabelValues("too_many_attachments").Inc()
+			answerError(ctx, fasthttp.StatusTooManyRequests, "too many attachments to this instance")
+			return
+		}
+		h.m.refused.WithLabelValues("store_error").Inc()
+		h.log.Error("attachment slot unavailable", "err", err)
+		answerError(ctx, fasthttp.StatusServiceUnavailable, "try again later")
+		return
+	}
+	a.slot = slot
+
 	echo := ""
 	if offered {
 		echo = Subprotocol
 	}
-	a := &attachment{name: newID("att-"), in: in}
-	a.id = []byte(a.name)
 	opts := ws.Options{
 		MaxMessage:   h.cfg.MaxClientMessage,
 		MaxQueue:     h.cfg.ClientQueue + maxClientFrame, // any frame fits into a queue holding ClientQueue
@@ -152,6 +178,7 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 		in.mu.Lock()
 		in.reserved--
 		in.mu.Unlock()
+		a.slot.Leave(nil)
 		h.release(in)
 	}
 	ws.Upgrade(ctx, opts, echo, abandon, func(conn *ws.Conn) {
@@ -168,12 +195,14 @@ func (h *Handler) serveClient(a *attachment) {
 	in.reserved--
 	if in.revoked {
 		in.mu.Unlock()
+		a.slot.Leave(nil)
 		a.conn.Close(ws.ClosePolicyViolation, "instance revoked")
 		return
 	}
 	in.atts[a.name] = a
 	in.publishRoutesLocked()
 	in.mu.Unlock()
+	a.live.Store(true)
 	if h.clients.Add(a.conn) {
 		h.m.attachments.Inc()
 		h.readClient(a)
@@ -205,7 +234,11 @@ func (h *Handler) detach(a *attachment, buf []byte) {
 	in.mu.Unlock()
 	if l != nil {
 		l.send(appendDetach(buf, in.id, a.id))
+		a.slot.Leave(nil)
+		return
 	}
+	// The link is elsewhere, or nowhere: the route tells it, if anywhere.
+	a.slot.Leave(appendDetach(buf, in.id, a.id))
 }
 
 // readClient reads the client's messages until it leaves or is closed.
@@ -269,6 +302,14 @@ func (h *Handler) toInstance(a *attachment, msg []byte, f *ndjson.Frame) {
 		if errors.Is(err, sendq.ErrTooBig) || in.cur.Load() == l {
 			break
 		}
+	}
+	// No link on this node: perhaps on another one.
+	if in.cur.Load() == nil && a.slot.ToInstance(a.buf) {
+		h.m.toInstance.Inc()
+		if cap(a.buf) > maxKeptBuffer {
+			a.buf = nil
+		}
+		return
 	}
 	h.m.dropOffline.Inc()
 	if f.ID.Present() {

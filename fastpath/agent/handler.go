@@ -17,6 +17,7 @@ import (
 	"edgerelay/fastpath/ndjson"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/ws"
+	"edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -46,6 +47,9 @@ type Config struct {
 	Log       *slog.Logger
 	// Metrics may be nil (unregistered series).
 	Metrics *Metrics
+	// Route carries lines between a link and clients on different nodes
+	// of a cluster; route.AgentLocal (the default) on a single node.
+	Route route.Agent
 
 	// HeartbeatEvery is how long a link may stay silent before the relay
 	// probes it with relay.heartbeat; HeartbeatTimeout is how long the
@@ -160,6 +164,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Route == nil {
+		cfg.Route = route.AgentLocal{}
 	}
 	setDefault(&cfg.HeartbeatEvery, DefaultHeartbeatEvery)
 	setDefault(&cfg.HeartbeatTimeout, DefaultHeartbeatTimeout)

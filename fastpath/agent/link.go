@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"edgerelay/fastpath/ndjson"
 	"edgerelay/fastpath/sendq"
 	"edgerelay/fastpath/ws"
+	"edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -50,6 +52,9 @@ type link struct {
 	r    *ndjson.Reader
 	q    *sendq.Queue
 	done chan struct{} // closed when the link has ended entirely
+	// hold is the link's hold on its instance in the route, from its
+	// install to its end; set and used by the reading goroutine.
+	hold route.AgentLinkHold
 
 	// Scratch buffers of the reading goroutine.
 	out []byte // frames the relay answers with
@@ -242,6 +247,7 @@ func (h *Handler) serveLink(in *instance, gen uint64, nc net.Conn) {
 		in.cur.Store(nil)
 	}
 	in.mu.Unlock()
+	l.hold.Release()
 	h.m.links.Dec()
 	reason := l.endReason()
 	h.m.linkEnds.WithLabelValues(reason).Inc()
@@ -284,6 +290,23 @@ func (h *Handler) install(l *link, welcome []byte) bool {
 	if old != nil {
 		old.close(endReplaced)
 	}
+	// The route learns of the link once its welcome is queued, so that
+	// no client's line from another node can overtake the welcome.
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.HelloTimeout)
+	hold, err := h.cfg.Route.Link(ctx, in.name, remoteLink{l})
+	cancel()
+	if err != nil {
+		h.log.Error("instance link: route unavailable", "instance", in.name, "err", err)
+		in.mu.Lock()
+		if in.link == l {
+			in.link = nil
+			in.cur.Store(nil)
+		}
+		in.mu.Unlock()
+		l.close(endError)
+		return false
+	}
+	l.hold = hold
 	return true
 }
 
@@ -361,14 +384,17 @@ func (h *Handler) toClient(l *link, line []byte, f *ndjson.Frame) {
 		l.key = f.Session.AppendValue(l.key[:0], line)
 		key = l.key
 	}
-	routes := in.routes.Load()
-	if routes == nil {
-		h.m.dropUnknownSession.Inc()
-		return
+	var a *attachment
+	if routes := in.routes.Load(); routes != nil {
+		a = (*routes)[string(key)]
 	}
-	a := (*routes)[string(key)]
 	if a == nil {
-		h.m.dropUnknownSession.Inc()
+		// Not a client of this node: perhaps of another one's.
+		if l.hold.ToSession(key, line) {
+			h.m.toClient.Inc()
+		} else {
+			h.m.dropUnknownSession.Inc()
+		}
 		return
 	}
 	// The instance's budget first: in.queued overestimates what its

@@ -1,0 +1,61 @@
+package agent
+
+import (
+	"errors"
+
+	"edgerelay/fastpath/ws"
+)
+
+// remoteLink is a link as the route sees it: lines from clients on other
+// nodes, detaches it synthesizes for clients whose node died, and the
+// replacement by a newer link elsewhere. Nothing here blocks: the route
+// calls it from its NATS callbacks.
+type remoteLink struct{ l *link }
+
+// Deliver queues a client's line from another node. A link queue with no
+// room drops it (a client here would wait; one elsewhere cannot, as the
+// route's reader must never block on a socket).
+func (r remoteLink) Deliver(line []byte) {
+	l := r.l
+	if err := l.q.TryPut(line, true); err != nil {
+		l.h.m.dropOffline.Inc()
+		return
+	}
+	l.h.m.toInstance.Inc()
+}
+
+// Detached tells the runtime that a client on a node that died is gone.
+func (r remoteLink) Detached(session []byte) {
+	l := r.l
+	l.send(appendDetach(nil, l.in.id, session))
+}
+
+// Replaced closes the link: a newer link for its instance is on another
+// node.
+func (r remoteLink) Replaced() { r.l.close(endReplaced) }
+
+// remoteClient is an attachment as the route sees it.
+type remoteClient struct {
+	h *Handler
+	a *attachment
+}
+
+// Deliver queues a line of the instance's link on another node for the
+// client; a full queue closes the client with 1013 and detaches it, as for
+// a line from a link on this node.
+func (r remoteClient) Deliver(line []byte) {
+	a := r.a
+	if !a.live.Load() || a.detached.Load() {
+		return
+	}
+	h := r.h
+	if err := a.conn.WriteText(line); err != nil {
+		h.m.dropClientOverflow.Inc()
+		if errors.Is(err, ws.ErrQueueFull) {
+			h.m.slowClientQueue.Inc()
+			h.detach(a, nil)
+		}
+		return
+	}
+	h.m.toClient.Inc()
+}
