@@ -39,14 +39,20 @@ func (c *Cluster) Agree(ctx context.Context, settings []Setting) error {
 		want := []byte(hex.EncodeToString(sum[:]))
 		key := "setting." + s.Name
 		var held []byte
-		if _, err := Update(ctx, kv, key, func(cur []byte, _ uint64) ([]byte, error) {
-			held = cur
-			if cur != nil {
-				return nil, ErrSkip
-			}
-			return want, nil
+		// Retried until ctx ends: a node that starts while another is
+		// killed (its stream leader gone for the election) waits, as for
+		// the first write of Open, instead of giving up its start.
+		if err := c.retry(ctx, "agree on "+s.Name, func(ctx context.Context) error {
+			_, err := Update(ctx, kv, key, func(cur []byte, _ uint64) ([]byte, error) {
+				held = cur
+				if cur != nil {
+					return nil, ErrSkip
+				}
+				return want, nil
+			})
+			return err
 		}); err != nil {
-			return fmt.Errorf("cluster: agree on %s: %w", s.Name, err)
+			return err
 		}
 		if held != nil && subtle.ConstantTimeCompare(held, want) != 1 {
 			return fmt.Errorf("cluster: %s differs from the value the other nodes of the cluster run with: give every node the same %s (to change it everywhere, stop using the old value on every node and run edgerelay cluster forget-setting %s)", s.Name, s.Name, s.Name)
