@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -20,13 +19,14 @@ import (
 	"edgerelay/fastpath/channel/control"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/ws"
+	"edgerelay/route"
 	"edgerelay/store"
 )
 
 // The protocol's fixed numbers.
 const (
 	// MaxPhones is how many phone channels one computer may hold.
-	MaxPhones = 32
+	MaxPhones = route.ChannelMaxPhones
 	// MaxFrame is the largest phone frame, in bytes.
 	MaxFrame = control.MaxData
 	// MaxClaimBody is the largest POST /claim body.
@@ -40,7 +40,10 @@ const (
 // Config wires a Handler.
 type Config struct {
 	Claims store.ChannelClaimStore
-	Log    *slog.Logger
+	// Route carries the frames between control sockets and phones: this
+	// node's (route.NewLocalChannel, the default) or a cluster's.
+	Route route.Channel
+	Log   *slog.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 	// PingInterval is how often every socket is pinged (25 s by default).
@@ -60,15 +63,7 @@ type Handler struct {
 	log   *slog.Logger
 	m     *Metrics
 	group ws.Group
-
-	// mu guards computers: the computers whose control socket is open (or
-	// being opened), by claim key hash. Held only to look up, add or
-	// remove, never across I/O.
-	mu        sync.Mutex
-	computers map[store.Hash]*computer
-
-	// scratch pools the buffers phone readers wrap frames into.
-	scratch sync.Pool
+	route route.Channel
 }
 
 // New returns a Handler.
@@ -88,9 +83,10 @@ func New(cfg Config) *Handler {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	h := &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, computers: make(map[store.Hash]*computer)}
-	h.scratch.New = func() any { b := make([]byte, 0, 2048); return &b }
-	return h
+	if cfg.Route == nil {
+		cfg.Route = route.NewLocalChannel()
+	}
+	return &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, route: cfg.Route}
 }
 
 var healthBody = []byte(`{"protocol":"botharness-private-v1","protocols":["botharness-private-v1","botharness-private-v2"]}`)
@@ -230,13 +226,25 @@ func (h *Handler) Revoke(host string) error {
 func (h *Handler) Forget(key store.Hash) { h.disconnect(key, ws.CloseNormal) }
 
 // Connected reports whether the computer of claim key hash has its control
-// socket open, for the operator's key list.
+// socket open (on any node), for the operator's key list; a router that
+// cannot tell right now says false.
 func (h *Handler) Connected(key store.Hash) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	c := h.computers[key]
-	return c != nil && c.open()
+	ok, err := h.connected(key)
+	if err != nil {
+		h.log.Warn("control socket state unknown", "err", err)
+	}
+	return ok
 }
+
+func (h *Handler) connected(key store.Hash) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), routeTimeout)
+	defer cancel()
+	return h.route.Connected(ctx, key)
+}
+
+// routeTimeout bounds one question to the router (in a cluster, a
+// request to another node or a lease read).
+const routeTimeout = 5 * time.Second
 
 // authenticate finds the claimed computer a presented token belongs to
 // (lookup is ByOwner or ByPhone). When there is none it answers refusal
@@ -270,23 +278,21 @@ func (h *Handler) status(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
+	connected, err := h.connected(k.Hash)
+	if err != nil {
+		h.storeFailed(ctx, "control socket state", err)
+		return
+	}
 	out, _ := json.Marshal(struct {
 		Connected bool   `json:"connected"`
 		Host      string `json:"host"`
-	}{h.Connected(k.Hash), k.Host})
+	}{connected, k.Host})
 	httpx.JSON(ctx, fasthttp.StatusOK, out)
 }
 
 // disconnect closes a computer's control socket with code; its phones
 // follow with 1001 when the control socket's reader ends.
-func (h *Handler) disconnect(key store.Hash, code int) {
-	h.mu.Lock()
-	c := h.computers[key]
-	h.mu.Unlock()
-	if c != nil {
-		c.shutdown(code)
-	}
-}
+func (h *Handler) disconnect(key store.Hash, code int) { h.route.Shutdown(key, code) }
 
 // Drain closes every socket with 1001 and waits for their writers, or for
 // ctx to end.
