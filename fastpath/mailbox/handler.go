@@ -17,6 +17,7 @@ import (
 
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/ws"
+	routes "edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -42,6 +43,9 @@ type Config struct {
 	ICE ICEConfig
 	// Push holds the loaded push modules.
 	Push Pushers
+	// Signals is where the two sides of a signal rendezvous meet (nil: on
+	// this node, routes.NewLocalSignals; a cluster's meet across nodes).
+	Signals routes.Signals
 	// DetachSockets serves watch and signal sockets off fasthttp's hijack
 	// goroutine (see ws.Options.Detach); the server must keep hijacked
 	// connections.
@@ -60,9 +64,7 @@ type Handler struct {
 	// seed keys the per-mailbox rate-limit buckets by the name's hash.
 	seed   maphash.Seed
 	limits *limits
-	// signals holds the signal sockets of this node's mailboxes.
-	signals *signalRooms
-	group   ws.Group
+	group  ws.Group
 	// pushJobs queues wake-ups for the push senders (bounded).
 	pushJobs chan pushJob
 	// names pools the buffers a request's mailbox name is built in: the
@@ -127,16 +129,18 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("mailbox: no store")
 	}
+	if cfg.Signals == nil {
+		cfg.Signals = routes.NewLocalSignals()
+	}
 	h := &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, seed: maphash.MakeSeed(), limits: lim,
-		signals: newSignalRooms(), pushJobs: make(chan pushJob, pushQueue)}
+		pushJobs: make(chan pushJob, pushQueue)}
 	h.names.New = func() any { return new([store.MaxMailboxName]byte) }
 	if r, ok := cfg.Store.(store.MailboxStatsReporter); ok {
 		cfg.Metrics.stats.Store(&r)
 	}
 	// Every node closes its sockets of a mailbox erased or expired
-	// anywhere (a watch ends by itself; signal sockets are this
-	// handler's).
-	cfg.Store.OnGone(h.signals.closeAll)
+	// anywhere (a watch ends by itself; signal sockets are the router's).
+	cfg.Store.OnGone(cfg.Signals.CloseAll)
 	return h, nil
 }
 

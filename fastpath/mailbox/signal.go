@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ws"
+	routes "edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -18,6 +19,7 @@ var (
 	peerDown = []byte("peer 0")
 )
 
+// sideIndex is the router's side number: 0 primary, 1 companion.
 func sideIndex(side byte) int {
 	if side == 'p' {
 		return 0
@@ -43,7 +45,7 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 		ReadBufferSize: 4096,
 		Detach:         h.cfg.DetachSockets,
 	}
-	me, other := sideIndex(r.side), 1-sideIndex(r.side)
+	me := sideIndex(r.side)
 	frameKey := dirKey(key, r.side)
 	name := m.Name()
 	// Nothing is reserved for a signal side before its upgrade (the newer
@@ -54,38 +56,39 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 			return
 		}
 		defer h.group.Remove(conn)
-		room := h.signals.join(name)
-		defer h.signals.leave(name, room)
-		room.mu.Lock()
-		old := room.sides[me].Swap(conn)
-		peer := room.sides[other].Load()
-		room.mu.Unlock()
-		if old != nil {
-			old.Close(ws.CloseReplaced, "replaced")
+		side, err := h.cfg.Signals.Join(context.Background(), name, me, signalSocket{conn})
+		if err != nil {
+			h.log.Error("signal join failed", "err", err)
+			conn.Close(ws.CloseTryAgainLater, "signal rendezvous unavailable")
+			return
 		}
-		// An erase between the request's Open and the room above found no
-		// socket to close: ask again now that this one is in the room.
+		defer side.Leave()
+		// An erase between the request's Open and the join found no
+		// socket to close: ask again now that this one is joined.
 		if !h.stillThere(name, tok) {
-			room.sides[me].CompareAndSwap(conn, nil)
 			conn.Close(ws.CloseNormal, "mailbox erased")
 			return
 		}
-		if peer != nil {
-			_ = peer.WriteText(peerUp)
-			_ = conn.WriteText(peerUp)
-		}
 		h.m.signalSockets.Inc()
 		defer h.m.signalSockets.Dec()
-		h.readSignal(room, conn, other, frameKey)
-		room.mu.Lock()
-		still := room.sides[me].CompareAndSwap(conn, nil)
-		peer = room.sides[other].Load()
-		room.mu.Unlock()
-		if still && peer != nil {
-			_ = peer.WriteText(peerDown)
-		}
+		h.readSignal(side, conn, frameKey)
 	})
 }
+
+// signalSocket is a signal socket as the router sees it; every call only
+// queues onto the socket.
+type signalSocket struct{ conn *ws.Conn }
+
+func (s signalSocket) Frame(msg []byte) { _ = s.conn.WriteBinary(msg) } // a full queue closes it with 1013
+func (s signalSocket) Peer(up bool) {
+	if up {
+		_ = s.conn.WriteText(peerUp)
+	} else {
+		_ = s.conn.WriteText(peerDown)
+	}
+}
+func (s signalSocket) Replaced() { s.conn.Close(ws.CloseReplaced, "replaced") }
+func (s signalSocket) Erased()   { s.conn.Close(ws.CloseNormal, "mailbox erased") }
 
 // stillThere reports whether the mailbox name is still live for tok.
 func (h *Handler) stillThere(name string, tok store.Hash) bool {
@@ -99,7 +102,7 @@ func (h *Handler) stillThere(name string, tok store.Hash) bool {
 
 // readSignal forwards binary frames to the other side until the socket
 // ends. Frames are never stored and never read.
-func (h *Handler) readSignal(room *signalRoom, conn *ws.Conn, other int, frameKey uint64) {
+func (h *Handler) readSignal(side routes.SignalSide, conn *ws.Conn, frameKey uint64) {
 	for {
 		op, msg, err := conn.ReadMessage()
 		if err != nil {
@@ -111,10 +114,8 @@ func (h *Handler) readSignal(room *signalRoom, conn *ws.Conn, other int, frameKe
 				conn.Close(ws.ClosePolicyViolation, "signal frames too fast")
 				return
 			}
-			if peer := room.sides[other].Load(); peer != nil {
-				_ = peer.WriteBinary(msg) // a full queue closes that peer with 1013
-				h.m.signalFrames.Inc()
-			}
+			side.Send(msg)
+			h.m.signalFrames.Inc()
 		case string(msg) == "ping":
 			_ = conn.WriteText(pong)
 		default:

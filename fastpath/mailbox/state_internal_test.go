@@ -10,6 +10,7 @@ import (
 	"github.com/fasthttp/websocket"
 	"github.com/valyala/fasthttp"
 
+	routes "edgerelay/route"
 	"edgerelay/store"
 	"edgerelay/store/mailboxlocal"
 )
@@ -305,9 +306,10 @@ func TestSignalSocketKeepsARoom(t *testing.T) {
 	waitRooms := func(want int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
-		for s.h.signals.len() != want {
+		rooms := s.h.cfg.Signals.(*routes.LocalSignals)
+		for rooms.Rooms() != want {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d signal rooms, want %d", s.h.signals.len(), want)
+				t.Fatalf("%d signal rooms, want %d", rooms.Rooms(), want)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
