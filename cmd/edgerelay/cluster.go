@@ -10,12 +10,14 @@ import (
 
 	"edgerelay/cmd/edgerelay/config"
 	"edgerelay/fastpath/agent"
+	"edgerelay/route"
 	"edgerelay/store"
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentkv"
 	"edgerelay/store/cluster/channelkv"
 	"edgerelay/store/cluster/mailboxjs"
 	"edgerelay/store/cluster/pushkv"
+	"edgerelay/store/cluster/signalroute"
 	"edgerelay/store/mailboxlocal"
 	"edgerelay/store/natsembed"
 )
@@ -144,6 +146,17 @@ func (r *relay) mailboxes(ctx context.Context, cfg config.Config, db *store.DB, 
 	}
 	r.closers = append(r.closers, mb.Close)
 	return mb, nil
+}
+
+// signals is where the mailbox's signal sides meet: nil on a single node
+// (the handler's own in-process rooms), across the nodes in a cluster.
+func (r *relay) signals() route.Signals {
+	if r.cluster == nil {
+		return nil
+	}
+	sr := signalroute.New(r.cluster)
+	r.closers = append(r.closers, sr.Close)
+	return sr
 }
 
 // channelClaims is the private channel's durable state: this node's

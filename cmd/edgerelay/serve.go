@@ -200,6 +200,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			Store: mailboxes, Apps: apps, Log: mlog,
 			SweepEvery: min(cfg.Mailbox.Idle/4, time.Minute), MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
+			Signals: r.signals(),
 		})
 		if err != nil {
 			return nil, err
