@@ -171,7 +171,12 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		if err != nil {
 			return nil, err
 		}
-		h := channel.New(channel.Config{Claims: claims, Log: log.With("service", "channel"), Metrics: channel.NewMetrics(reg), DetachSockets: true})
+		clog := log.With("service", "channel")
+		chRoute, err := r.channelRoute(ctx, clog)
+		if err != nil {
+			return nil, err
+		}
+		h := channel.New(channel.Config{Claims: claims, Route: chRoute, Log: clog, Metrics: channel.NewMetrics(reg), DetachSockets: true})
 		if err := forgotten(h.Forget); err != nil {
 			return nil, err
 		}
