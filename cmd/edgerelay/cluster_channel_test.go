@@ -1,0 +1,409 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fasthttp/websocket"
+)
+
+// The private channel with its two ends on different nodes (issue 16):
+// a computer's control socket on one node, its phones on the others.
+
+// ccComputer is a claimed computer of the cluster tests.
+type ccComputer struct{ owner, phone string }
+
+// ccClaim claims each key through node 0 and returns the tokens.
+func ccClaim(t *testing.T, c *relayCluster, keys []string) []ccComputer {
+	t.Helper()
+	var out []ccComputer
+	for _, k := range keys {
+		cc := ccComputer{randHex(t), randHex(t)}
+		if st := claimThrough(c.nodes[0].addrs["channel"], k, cc.owner, cc.phone, time.Now().Add(20*time.Second)); st != http.StatusOK {
+			t.Fatalf("claim: %d", st)
+		}
+		out = append(out, cc)
+	}
+	return out
+}
+
+// ccDial opens path on addr with token; status is the HTTP answer of a
+// refused upgrade (0 when it was accepted).
+func ccDial(addr, path, token string) (*websocket.Conn, int, error) {
+	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
+	conn, resp, err := d.Dial("ws://"+addr+path, http.Header{"Authorization": {"Bearer " + token}})
+	if err != nil {
+		if resp != nil {
+			return nil, resp.StatusCode, err
+		}
+		return nil, 0, err
+	}
+	return conn, 0, nil
+}
+
+func ccHost(t *testing.T, addr, owner string) *websocket.Conn {
+	t.Helper()
+	conn, st, err := ccDial(addr, "/host", owner)
+	if err != nil {
+		t.Fatalf("control socket on %s: %d %v", addr, st, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+type ccMsg struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+	Data string `json:"data"`
+}
+
+// ccRead reads the computer's next control message.
+func ccRead(t *testing.T, ctl *websocket.Conn) ccMsg {
+	t.Helper()
+	_ = ctl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, b, err := ctl.ReadMessage()
+	if err != nil {
+		t.Fatalf("control socket: %v", err)
+	}
+	var m ccMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("control message %q: %v", b, err)
+	}
+	return m
+}
+
+// ccPhone opens a phone channel on addr; the computer sees its open.
+func ccPhone(t *testing.T, addr, phone string, ctl *websocket.Conn) (*websocket.Conn, string) {
+	t.Helper()
+	conn, st, err := ccDial(addr, "/botharness-device/channel", phone)
+	if err != nil {
+		t.Fatalf("phone on %s: %d %v", addr, st, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	m := ccRead(t, ctl)
+	if m.Type != "open" || len(m.ID) != 32 {
+		t.Fatalf("computer got %+v, want open", m)
+	}
+	return conn, m.ID
+}
+
+func ccSend(t *testing.T, c *websocket.Conn, v string) {
+	t.Helper()
+	if err := c.WriteMessage(websocket.TextMessage, []byte(v)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ccSendCtl(t *testing.T, ctl *websocket.Conn, typ, id, data string) {
+	t.Helper()
+	b, _ := json.Marshal(ccMsg{Type: typ, ID: id, Data: data})
+	if typ == "close" {
+		b, _ = json.Marshal(map[string]string{"type": typ, "id": id})
+	}
+	ccSend(t, ctl, string(b))
+}
+
+func ccReadText(t *testing.T, c *websocket.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, b, err := c.ReadMessage()
+	if err != nil {
+		t.Fatalf("phone: %v", err)
+	}
+	return string(b)
+}
+
+// ccCloseCode reads until the socket ends and returns its close code
+// (-1 when it ended without one or not within the time).
+func ccCloseCode(c *websocket.Conn, within time.Duration) int {
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	for {
+		if _, _, err := c.ReadMessage(); err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				return ce.Code
+			}
+			return -1
+		}
+	}
+}
+
+// ccStatus is GET /status's connected through addr.
+func ccStatus(t *testing.T, addr, owner string) bool {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+addr+"/status", nil)
+	req.Header.Set("Authorization", "Bearer "+owner)
+	resp, err := freshClient(nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v struct{ Connected bool }
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&v) != nil {
+		t.Fatalf("status through %s: %d", addr, resp.StatusCode)
+	}
+	return v.Connected
+}
+
+func ccWait(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterChannelAcrossNodes: every contract of the private channel
+// with the computer's control socket on one node and its phones on the
+// others, then the conformance command through the balancer.
+func TestClusterChannelAcrossNodes(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"channel"})
+	lb := startHAProxy(t, c, "channel")
+	addr := func(i int) string { return c.nodes[i].addrs["channel"] }
+	keys := addChannelKeys(t, c, "cc", 4)
+	comps := ccClaim(t, c, keys[:2])
+	a, b := comps[0], comps[1]
+
+	if ccStatus(t, addr(2), a.owner) {
+		t.Fatal("status connected before any control socket")
+	}
+	ctlA := ccHost(t, addr(0), a.owner)
+	ctlB := ccHost(t, addr(2), b.owner)
+	// One control socket per computer in the whole cluster.
+	for i := range 3 {
+		if _, st, _ := ccDial(addr(i), "/host", a.owner); st != http.StatusForbidden {
+			t.Fatalf("second control socket through node %d: %d, want 403", i, st)
+		}
+		if !ccStatus(t, addr(i), a.owner) {
+			t.Fatalf("status through node %d: not connected", i)
+		}
+	}
+
+	// Phones on the other nodes reach their own computer only, both ways.
+	p1, id1 := ccPhone(t, addr(1), a.phone, ctlA)
+	p2, id2 := ccPhone(t, addr(2), a.phone, ctlA)
+	pb, idb := ccPhone(t, addr(0), b.phone, ctlB)
+	hard := "quote \" backslash \\ nl \n ctl \x01 é 😀"
+	ccSend(t, p1, hard)
+	if m := ccRead(t, ctlA); m.Type != "data" || m.ID != id1 || m.Data != hard {
+		t.Fatalf("computer got %+v, want data of %s", m, id1)
+	}
+	big := strings.Repeat("\"", 70000) // 420,000 bytes escaped on the way
+	ccSend(t, p2, big)
+	if m := ccRead(t, ctlA); m.ID != id2 || m.Data != big {
+		t.Fatalf("70,000-byte frame from node 2: id %s, %d bytes", m.ID, len(m.Data))
+	}
+	ccSendCtl(t, ctlA, "data", id2, big)
+	if got := ccReadText(t, p2); got != big {
+		t.Fatalf("70,000-byte frame to node 2: %d bytes", len(got))
+	}
+	// A's frame for B's phone reaches nobody; B's own does.
+	ccSendCtl(t, ctlA, "data", idb, "stray")
+	ccSendCtl(t, ctlB, "data", idb, "mine")
+	if got := ccReadText(t, pb); got != "mine" {
+		t.Fatalf("B's phone got %q, want only its computer's frame", got)
+	}
+	ccSendCtl(t, ctlA, "data", id1, "to one")
+	if got := ccReadText(t, p1); got != "to one" {
+		t.Fatalf("phone 1 got %q", got)
+	}
+	// One byte over the limit closes the phone (1009) and tells the computer.
+	ccSend(t, p1, strings.Repeat("x", 70001))
+	if code := ccCloseCode(p1, 5*time.Second); code != websocket.CloseMessageTooBig {
+		t.Fatalf("70,001 bytes: close %d, want 1009", code)
+	}
+	if m := ccRead(t, ctlA); m.Type != "close" || m.ID != id1 {
+		t.Fatalf("computer got %+v, want close of %s", m, id1)
+	}
+
+	// 32 phones exactly, wherever they are; the 33rd refused on every node.
+	phones := []*websocket.Conn{p2}
+	for i := 1; i < 32; i++ {
+		p, _ := ccPhone(t, addr(i%3), a.phone, ctlA)
+		phones = append(phones, p)
+	}
+	for i := range 3 {
+		if _, st, _ := ccDial(addr(i), "/botharness-device/channel", a.phone); st != http.StatusForbidden {
+			t.Fatalf("33rd phone through node %d: %d, want 403", i, st)
+		}
+	}
+	// The computer's own close: 1000, and no close message back.
+	ccSendCtl(t, ctlA, "close", id2, "")
+	if code := ccCloseCode(p2, 5*time.Second); code != websocket.CloseNormalClosure {
+		t.Fatalf("closed by the computer: %d, want 1000", code)
+	}
+	// A place is free again: one more phone fits, then none.
+	p33, _ := ccPhone(t, addr(1), a.phone, ctlA)
+	phones = append(phones[1:], p33)
+	if _, st, _ := ccDial(addr(2), "/botharness-device/channel", a.phone); st != http.StatusForbidden {
+		t.Fatalf("phone over the limit after a close: %d", st)
+	}
+
+	// The control socket closing closes its phones on every node with
+	// 1001, and B's phone keeps working.
+	ctlA.Close()
+	for i, p := range phones {
+		if code := ccCloseCode(p, 5*time.Second); code != websocket.CloseGoingAway {
+			t.Fatalf("phone %d after the control socket closed: %d, want 1001", i, code)
+		}
+	}
+	ccSend(t, pb, "still here")
+	if m := ccRead(t, ctlB); m.ID != idb || m.Data != "still here" {
+		t.Fatalf("B after A left: %+v", m)
+	}
+	ccWait(t, "status false everywhere", 5*time.Second, func() bool {
+		return !ccStatus(t, addr(0), a.owner) && !ccStatus(t, addr(1), a.owner) && !ccStatus(t, addr(2), a.owner)
+	})
+	if _, st, _ := ccDial(addr(1), "/botharness-device/channel", a.phone); st != http.StatusForbidden {
+		t.Fatalf("phone of an offline computer: %d, want 403", st)
+	}
+
+	// Back-pressure across the hop: a phone on node 1 that stops reading
+	// is dropped at its own 2 MiB queue and the computer (node 2) told,
+	// while another phone on node 1 gets every frame, in order.
+	pair := &hostileChannel{s: c.nodes[1], tok: b.phone, ctl: ctlB}
+	frozen, frozenID := pair.phone(t, frozenDialer(nil))
+	live, liveID := pair.phone(t, nil)
+	gone := make(chan error, 1)
+	go func() {
+		for {
+			m, err := pair.next(time.Minute)
+			if err != nil || (m.Type == "close" && m.ID == frozenID) {
+				gone <- err
+				return
+			}
+		}
+	}()
+	chunk := strings.Repeat("z", 60000)
+	n := frozenBytes(2<<20) / len(chunk)
+	progress := make(chan int, n)
+	liveDone := liveReader(live, n, progress, func(i int, msg []byte) error {
+		if want := "live " + strconv.Itoa(i); string(msg) != want {
+			return fmt.Errorf("got %.40q, want %q", msg, want)
+		}
+		return nil
+	})
+	pace(t, n, 4, progress, liveDone, func(i int) error {
+		if err := pair.send(frozenID, chunk); err != nil {
+			return err
+		}
+		return pair.send(liveID, "live "+strconv.Itoa(i))
+	})
+	awaitNotice(t, gone, "the computer's close message for the frozen phone on another node")
+	expectCutOff(t, frozen, websocket.ClosePolicyViolation, n)
+	pair.roundTrip(t, live, liveID, "still here")
+
+	// The conformance command through the balancer.
+	dir := t.TempDir()
+	ka, kb := filepath.Join(dir, "a.secret"), filepath.Join(dir, "b.secret")
+	_ = os.WriteFile(ka, []byte(keys[2]+"\n"), 0o600)
+	_ = os.WriteFile(kb, []byte(keys[3]+"\n"), 0o600)
+	out, errOut, code := edgerelay(t, nil, "conformance", "channel", "--origin", "http://"+lb.addrs["channel"], "--key-a-file", ka, "--key-b-file", kb)
+	if code != 0 || lastLine(out) != "conformance: pass" {
+		t.Fatalf("conformance through the balancer: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestClusterChannelSIGKILL: kill -9 of the node holding a control socket
+// while its phones on the other nodes send: they close 1001 within 2 s;
+// a computer whose phone was on the dead node gets close for it within
+// 2 s; the computer reconnecting through the balancer is served again.
+func TestClusterChannelSIGKILL(t *testing.T) {
+	c := startRelayCluster(t, 3, []string{"channel"})
+	lb := startHAProxy(t, c, "channel")
+	addr := func(i int) string { return c.nodes[i].addrs["channel"] }
+	comps := ccClaim(t, c, addChannelKeys(t, c, "ck", 2))
+	a, b := comps[0], comps[1]
+
+	ctlA := ccHost(t, addr(0), a.owner)
+	ctlB := ccHost(t, addr(1), b.owner)
+	p1, _ := ccPhone(t, addr(1), a.phone, ctlA)
+	p2, _ := ccPhone(t, addr(2), a.phone, ctlA)
+	_, idb0 := ccPhone(t, addr(0), b.phone, ctlB) // dies with node 0
+	pb2, idb2 := ccPhone(t, addr(2), b.phone, ctlB)
+
+	// Traffic flows from A's phones while node 0 dies.
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	for _, p := range []*websocket.Conn{p1, p2} {
+		go func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				if p.WriteMessage(websocket.TextMessage, []byte(fmt.Sprint("frame ", i))) != nil {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	var got atomic.Int64
+	go func() { // the dying computer's socket is drained, not judged
+		for ctlA.SetReadDeadline(time.Now().Add(30*time.Second)) == nil {
+			if _, _, err := ctlA.ReadMessage(); err != nil {
+				return
+			}
+			got.Add(1)
+		}
+	}()
+	ccWait(t, "frames flowing from both nodes", 5*time.Second, func() bool { return got.Load() >= 20 })
+	killed := time.Now()
+	c.nodes[0].kill()
+	for i, p := range []*websocket.Conn{p1, p2} {
+		if code := ccCloseCode(p, 3*time.Second); code != websocket.CloseGoingAway {
+			t.Fatalf("phone %d of the dead node's computer: %d, want 1001", i+1, code)
+		}
+	}
+	if m := ccRead(t, ctlB); m.Type != "close" || m.ID != idb0 {
+		t.Fatalf("computer B got %+v, want close of its phone on the dead node", m)
+	}
+	if d := time.Since(killed); d > 2*time.Second {
+		t.Fatalf("outcome %v after the kill, want within 2 s", d)
+	}
+	stop()
+	// B's phone on a live node still works both ways.
+	ccSendCtl(t, ctlB, "data", idb2, "alive")
+	if got := ccReadText(t, pb2); got != "alive" {
+		t.Fatalf("B's phone on node 2: %q", got)
+	}
+
+	// Reconnecting through the balancer restores routing (the dead
+	// node's lease frees within 1.5 s; until then 403).
+	var ctl *websocket.Conn
+	ccWait(t, "a control socket through the balancer", 10*time.Second, func() bool {
+		conn, _, err := ccDial(lb.addrs["channel"], "/host", a.owner)
+		ctl = conn
+		return err == nil
+	})
+	defer ctl.Close()
+	var phone *websocket.Conn
+	ccWait(t, "a phone through the balancer", 10*time.Second, func() bool {
+		conn, _, err := ccDial(lb.addrs["channel"], "/botharness-device/channel", a.phone)
+		phone = conn
+		return err == nil
+	})
+	defer phone.Close()
+	m := ccRead(t, ctl)
+	if m.Type != "open" {
+		t.Fatalf("after the reconnect the computer got %+v, want open", m)
+	}
+	ccSend(t, phone, "back")
+	if got := ccRead(t, ctl); got.ID != m.ID || got.Data != "back" {
+		t.Fatalf("after the reconnect: %+v", got)
+	}
+	ccSendCtl(t, ctl, "data", m.ID, "and forth")
+	if got := ccReadText(t, phone); got != "and forth" {
+		t.Fatalf("after the reconnect the phone got %q", got)
+	}
+}
