@@ -13,7 +13,7 @@ import (
 	"edgerelay/store/cluster/signalroute"
 )
 
-func routers(t *testing.T, nodes *clustertest.Nodes) []*signalroute.Router {
+func routers(t testing.TB, nodes *clustertest.Nodes) []*signalroute.Router {
 	return clustertest.Open(t, nodes, func(_ context.Context, c *cluster.Cluster) (*signalroute.Router, error) {
 		r := signalroute.New(c)
 		t.Cleanup(func() { _ = r.Close() })
