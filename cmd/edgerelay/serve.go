@@ -656,7 +656,7 @@ func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheu
 	if err != nil {
 		return nil, "", err
 	}
-	h, err := agent.New(agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
+	h, err := r.newAgent(ctx, agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
 		InstanceQueue: cfg.Agent.InstanceQueue})
 	if err != nil {
 		return nil, "", err
