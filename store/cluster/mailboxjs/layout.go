@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+
+	"edgerelay/store/cluster"
 )
 
 // Header names of the layout. Nats-* are the server's; Er-* are ours and
@@ -51,28 +53,13 @@ type names struct {
 
 func (s *Store) names(name string) (names, error) {
 	app, id, ok := strings.Cut(name, "/")
-	if !ok || !validToken(app) || !validToken(id) {
+	if !ok || !cluster.SubjectToken(app) || !cluster.SubjectToken(id) {
 		return names{}, fmt.Errorf("mailboxjs: mailbox name %q is not <app>/<id>", name)
 	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(name))
 	k := int(h.Sum32() % uint32(s.shards))
 	return names{shard: k, stream: streamName(k), base: fmt.Sprintf("mbx.%d.%s.%s", k, app, id), app: app, id: id}, nil
-}
-
-// validToken accepts the union of the app (a-z 0-9 -) and mailbox id
-// (A-Z a-z 0-9 _ -) alphabets: nothing that could end or widen a subject.
-func validToken(t string) bool {
-	if t == "" || len(t) > 64 {
-		return false
-	}
-	for i := 0; i < len(t); i++ {
-		c := t[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 func streamName(k int) string { return fmt.Sprintf("ER_MBX_%d", k) }

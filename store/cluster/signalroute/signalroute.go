@@ -128,24 +128,10 @@ func (r *Router) Close() error {
 
 func subject(name string, side int) (string, error) {
 	app, id, ok := strings.Cut(name, "/")
-	if !ok || !token(app) || !token(id) {
+	if !ok || !cluster.SubjectToken(app) || !cluster.SubjectToken(id) {
 		return "", fmt.Errorf("signalroute: mailbox name %q is not subject-safe", name)
 	}
 	return "er.sig." + app + "." + id + "." + [2]string{"p", "c"}[side], nil
-}
-
-// token reports whether s is a subject token of the spec's alphabets.
-func token(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 const (
