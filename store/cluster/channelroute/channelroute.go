@@ -66,6 +66,8 @@ const (
 	// subscription is on its way to this node's server.
 	admitRetry = time.Second
 	opTimeout  = 5 * time.Second
+	// probe asks a lease holder's node whether it serves the computer.
+	probe = "probe"
 )
 
 // peer is one node incarnation.
@@ -190,9 +192,10 @@ func (r *Router) Host(ctx context.Context, key store.Hash) (route.ChannelHost, e
 	h := &host{r: r, lh: lh, key: key, hex: hostHex(key), phones: make(map[control.ID]*hostedPhone)}
 	lk := "host." + h.hex
 	me, prev, err := r.leases.Hold(ctx, lk, true)
-	if errors.Is(err, cluster.ErrHeld) && prev.Node == r.me.node && prev.Incarnation == r.me.inc {
-		// Ours, but no socket here holds it (a release that failed):
-		// a stale hold of this very node must not lock the computer out.
+	if errors.Is(err, cluster.ErrHeld) && r.stale(ctx, h.hex, prev) {
+		// The holder's node runs but serves no control socket of this
+		// computer (its release failed): a stale hold must not lock the
+		// computer out of the cluster until that node restarts.
 		me, _, err = r.leases.Hold(ctx, lk, false)
 	}
 	if err != nil {
@@ -217,6 +220,36 @@ func (r *Router) Host(ctx context.Context, key store.Hash) (route.ChannelHost, e
 		h.subs = append(h.subs, sub)
 	}
 	return h, nil
+}
+
+// stale reports whether the live holder of a computer's lease serves no
+// control socket for it: this node, which has none (Host found none
+// here), or another whose .open subject has no responder for admitRetry
+// (a holder between its lease and its subscription is answered within
+// that time). An error counts as not stale: refusing is the safe side.
+func (r *Router) stale(ctx context.Context, hh string, holder cluster.Holder) bool {
+	if holder.Node == r.me.node {
+		return holder.Incarnation == r.me.inc
+	}
+	deadline := time.Now().Add(admitRetry)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, opTimeout)
+		_, err := r.nc.RequestWithContext(pctx, openSubject(hh), []byte(probe))
+		cancel()
+		switch {
+		case err == nil:
+			return false
+		case !errors.Is(err, nats.ErrNoResponders):
+			return false
+		case time.Now().After(deadline):
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (h *host) Attach(ctl route.ChannelSink) bool {
@@ -262,6 +295,10 @@ func (h *host) End() {
 // onOpen answers a phone's admission: "<node> <incarnation> <id>" ->
 // "ok <node> <incarnation>" (the computer's node), "full" or "offline".
 func (h *host) onOpen(m *nats.Msg) {
+	if string(m.Data) == probe {
+		_ = m.Respond([]byte("held"))
+		return
+	}
 	f := strings.Fields(string(m.Data))
 	if len(f) != 3 {
 		return

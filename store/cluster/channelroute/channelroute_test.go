@@ -341,3 +341,31 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestStaleLeaseDoesNotLockOut: a lease left by a node that runs but
+// serves no socket of that computer (its release failed) gives way to a
+// control socket on another node; a served one does not.
+func TestStaleLeaseDoesNotLockOut(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	rs := routers(t, nodes)
+	key := newKey(t)
+	l, err := nodes.Node(0).Leases(clustertest.Context(t), channelroute.LeaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Hold(clustertest.Context(t), "host."+hex.EncodeToString(key[:]), true); err != nil {
+		t.Fatal(err)
+	}
+	h, ctl := host(t, rs[1], key)
+	phone(t, rs[2], key, ctl)
+	if _, err := rs[0].Host(clustertest.Context(t), key); !errors.Is(err, route.ErrChannelHeld) {
+		t.Fatalf("a second control socket after the takeover: %v, want held", err)
+	}
+	h.End()
+	// This node's own stale hold gives way at once.
+	if _, _, err := l.Hold(clustertest.Context(t), "host."+hex.EncodeToString(key[:]), true); err != nil {
+		t.Fatal(err)
+	}
+	h0, _ := host(t, rs[0], key)
+	h0.End()
+}
