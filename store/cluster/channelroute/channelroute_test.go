@@ -89,7 +89,7 @@ func (s *sink) has(want string) bool {
 	return false
 }
 
-func newKey(t *testing.T) store.Hash {
+func newKey(t testing.TB) store.Hash {
 	var k store.Hash
 	if _, err := rand.Read(k[:]); err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func newKey(t *testing.T) store.Hash {
 	return k
 }
 
-func newID(t *testing.T) control.ID {
+func newID(t testing.TB) control.ID {
 	var raw [16]byte
 	var id control.ID
 	if _, err := rand.Read(raw[:]); err != nil {
@@ -113,7 +113,7 @@ func dataMsg(id control.ID, d string) string {
 	return string(control.AppendData(nil, &id, []byte(d)))
 }
 
-func routers(t *testing.T, nodes *clustertest.Nodes) []*channelroute.Router {
+func routers(t testing.TB, nodes *clustertest.Nodes) []*channelroute.Router {
 	return clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*channelroute.Router, error) {
 		return channelroute.New(ctx, c, nil)
 	})
