@@ -306,6 +306,24 @@ func TestClusterChannelAcrossNodes(t *testing.T) {
 	expectCutOff(t, frozen, websocket.ClosePolicyViolation, n)
 	pair.roundTrip(t, live, liveID, "still here")
 
+	// A release through node 0 closes B's control socket on node 2
+	// (1000) and its phones on nodes 0 and 1 (1001).
+	req, _ := http.NewRequest("DELETE", "http://"+addr(0)+"/claim", nil)
+	req.Header.Set("Authorization", "Bearer "+b.owner)
+	resp, err := freshClient(nil).Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("release through node 0: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code := ccCloseCode(ctlB, 5*time.Second); code != websocket.CloseNormalClosure {
+		t.Fatalf("control socket after a release through another node: %d, want 1000", code)
+	}
+	for i, p := range []*websocket.Conn{pb, live} {
+		if code := ccCloseCode(p, 5*time.Second); code != websocket.CloseGoingAway {
+			t.Fatalf("phone %d after the release: %d, want 1001", i, code)
+		}
+	}
+
 	// The conformance command through the balancer.
 	dir := t.TempDir()
 	ka, kb := filepath.Join(dir, "a.secret"), filepath.Join(dir, "b.secret")
