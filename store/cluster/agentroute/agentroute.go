@@ -427,7 +427,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		}
 	})
 	if err != nil {
-		_ = r.leases.Release(ctx, "link."+name, me)
+		_ = r.releaseLink(ctx, name, me)
 		r.unref(i)
 		return nil, cluster.Fail("agent: serve "+i.in, err)
 	}
@@ -442,7 +442,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		}
 	} else if !cluster.Absent(err) {
 		_ = sub.Unsubscribe()
-		_ = r.leases.Release(ctx, "link."+name, me)
+		_ = r.releaseLink(ctx, name, me)
 		r.unref(i)
 		return nil, cluster.Fail("agent: read att."+name, err)
 	}
@@ -558,12 +558,41 @@ func (lh *linkHold) Release() {
 			r.log.Warn("agent: link offline not announced", "instance", i.name, "err", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		if err := r.leases.Release(ctx, "link."+i.name, lh.me); err != nil {
+		if err := r.releaseLink(ctx, i.name, lh.me); err != nil {
 			r.log.Warn("agent: link lease not released", "instance", i.name, "err", err)
 		}
 		cancel()
 		r.unref(i)
 	})
+}
+
+// releaseLink gives the link's lease up if me still holds it. Not
+// Leases.Release, which deletes the key: the next hold would start again
+// at generation 1, and nodes that heard of a higher one would take the
+// new link for older news. The key keeps the generation under a holder
+// that is never alive (this node under an incarnation it never has).
+func (r *Router) releaseLink(ctx context.Context, name string, me cluster.Holder) error {
+	key := "link." + name
+	held := me.Node + " " + me.Incarnation + " " + strconv.FormatUint(me.Gen, 10)
+	for range 32 {
+		e, err := r.kv.Get(ctx, key)
+		switch {
+		case cluster.Absent(err):
+			return nil
+		case err != nil:
+			return cluster.Fail("agent: release "+key, err)
+		case string(e.Value()) != held:
+			return nil // a newer hold
+		}
+		_, err = r.kv.Update(ctx, key, []byte(me.Node+" released "+strconv.FormatUint(me.Gen, 10)), e.Revision())
+		if err == nil {
+			return nil
+		}
+		if !cluster.Conflict(err) {
+			return cluster.Fail("agent: release "+key, err)
+		}
+	}
+	return cluster.Fail("agent: release "+key, errors.New("no write after 32 contended rounds"))
 }
 
 type noHold struct{}

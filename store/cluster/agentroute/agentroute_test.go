@@ -159,6 +159,19 @@ func TestAgentRouteFramesBothWays(t *testing.T) {
 
 	hold.Release()
 	waitFor(t, 2*time.Second, "client 1 sees the instance offline", func() bool { return !a1.ToInstance(lines[0]) })
+	// The runtime redials another node: a newer link than the one gone,
+	// though the lease was given back in between.
+	var again sink
+	h2, err := rs[2].Link(ctx, inst, &again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Release()
+	waitFor(t, 2*time.Second, "client 1's line at the redialled link", func() bool {
+		a1.ToInstance(lines[0])
+		n, _, _ := again.count()
+		return n > 0
+	})
 }
 
 // TestAgentRouteNewerLinkWins: a second link on another node replaces the
