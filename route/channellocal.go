@@ -227,6 +227,13 @@ func (c *localComputer) End() {
 // after it, Attach does not wait.
 func (p *LocalChannelPhone) Ready() <-chan struct{} { return p.comp.ready }
 
+// Attached reports whether the phone's socket was attached.
+func (p *LocalChannelPhone) Attached() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.attached
+}
+
 // Attach implements ChannelPhone.
 func (p *LocalChannelPhone) Attach(ctx context.Context, conn ChannelSink) bool {
 	comp := p.comp

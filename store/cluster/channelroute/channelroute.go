@@ -66,6 +66,9 @@ const (
 	// subscription is on its way to this node's server.
 	admitRetry = time.Second
 	opTimeout  = 5 * time.Second
+	// admitTTL is how long an admitted phone of another node has to
+	// attach (its node upgrades it within milliseconds).
+	admitTTL = 30 * time.Second
 	// probe asks a lease holder's node whether it serves the computer.
 	probe = "probe"
 )
@@ -340,6 +343,13 @@ func (h *host) onOpen(m *nats.Msg) {
 		case <-time.After(opTimeout):
 		}
 		_ = m.Respond([]byte("ok " + h.r.me.node + " " + h.r.me.inc))
+		// A phone whose open never comes (its answer or its abandon
+		// lost) must not keep its place.
+		time.AfterFunc(admitTTL, func() {
+			if !lp.Attached() {
+				h.dropHosted(hp)
+			}
+		})
 	}()
 }
 
@@ -475,6 +485,10 @@ func (r *Router) Phone(ctx context.Context, key store.Hash, id control.ID) (rout
 			continue
 		}
 		if err != nil {
+			// The computer's node may have admitted it and its answer be
+			// lost: give the place back, or 32 such losses would lock the
+			// computer's phones out.
+			_ = r.nc.PublishMsg(ctlMsg(upSubject(h), ctlClose, 0, id[:]))
 			return nil, cluster.Fail("channel admission", err)
 		}
 		f := strings.Fields(string(m.Data))
