@@ -397,16 +397,17 @@ func TestClusterChannelSIGKILL(t *testing.T) {
 	}
 
 	// Reconnecting through the balancer restores routing (the dead
-	// node's lease frees within 1.5 s; until then 403).
+	// node's lease frees within 1.5 s, and the lease bucket may need a
+	// new leader: 403 or 503 until then).
 	var ctl *websocket.Conn
-	ccWait(t, "a control socket through the balancer", 10*time.Second, func() bool {
+	ccWait(t, "a control socket through the balancer", 20*time.Second, func() bool {
 		conn, _, err := ccDial(lb.addrs["channel"], "/host", a.owner)
 		ctl = conn
 		return err == nil
 	})
 	defer ctl.Close()
 	var phone *websocket.Conn
-	ccWait(t, "a phone through the balancer", 10*time.Second, func() bool {
+	ccWait(t, "a phone through the balancer", 20*time.Second, func() bool {
 		conn, _, err := ccDial(lb.addrs["channel"], "/botharness-device/channel", a.phone)
 		phone = conn
 		return err == nil

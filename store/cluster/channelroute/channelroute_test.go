@@ -320,8 +320,10 @@ func TestNodeDeath(t *testing.T) {
 		t.Fatal("phone on node 2 gone")
 	}
 	s2.waitFrame(t, "alive")
-	// The dead node's computer may connect again through another node.
-	waitCond(t, "the dead holder's lease free", func() bool {
+	// The dead node's computer may connect again through another node
+	// (once the lease bucket has a leader again, when it was node 1:
+	// several seconds).
+	waitCondWithin(t, "the dead holder's lease free", 20*time.Second, func() bool {
 		h, err := rs[2].Host(clustertest.Context(t), other)
 		if err != nil {
 			return false
@@ -333,7 +335,12 @@ func TestNodeDeath(t *testing.T) {
 
 func waitCond(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	waitCondWithin(t, what, 5*time.Second, cond)
+}
+
+func waitCondWithin(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
