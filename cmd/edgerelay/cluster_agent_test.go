@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fasthttp/websocket"
+
+	"edgerelay/fastpath/agent/agenttest"
+	"edgerelay/fastpath/ndjson"
+)
+
+// agentCluster is three nodes with the agent relay, one account and one
+// paired instance.
+type agentCluster struct {
+	c        *relayCluster
+	pool     *x509.CertPool
+	token    string // the account's client token
+	instance pairRedemption
+	relayKey string
+}
+
+func startAgentCluster(t *testing.T) *agentCluster {
+	t.Helper()
+	c := startRelayCluster(t, 3, []string{"agent"})
+	a := &agentCluster{c: c, pool: x509.NewCertPool()}
+	for _, n := range c.nodes { // each node has its own development certificate
+		caPEM, err := os.ReadFile(filepath.Join(n.dataDir, "tls", "ca.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.pool.AppendCertsFromPEM(caPEM)
+	}
+	a.relayKey = lastLine(cliOK(t, c.nodeEnv(0), "keys", "agent", "relay-key"))
+	a.token = lastLine(cliOK(t, c.nodeEnv(1), "keys", "agent", "account", "add", "alice"))
+	pairKey := lastLine(cliOK(t, c.nodeEnv(2), "keys", "agent", "pair-key", "alice"))
+	a.instance = redeemPairKey(t, freshClient(a.tlsConfig()), "https://"+c.nodes[0].addrs["agent"], pairKey, "box")
+	return a
+}
+
+func (a *agentCluster) tlsConfig() *tls.Config {
+	return &tls.Config{RootCAs: a.pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13}
+}
+
+// runtime dials addr as the instance; an error is returned, not fatal, for
+// redials that may meet a node still settling.
+func (a *agentCluster) runtime(addr string) (*agenttest.Connector, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return agenttest.Dial(ctx, agenttest.Options{
+		Addr: addr, ServerName: "127.0.0.1", RootCAs: a.pool,
+		Token: a.instance.InstanceToken, Instance: a.instance.InstanceID, RelayKey: a.relayKey,
+		HeartbeatEvery: time.Second, HeartbeatTimeout: 3 * time.Second,
+	})
+}
+
+// attach attaches a client through addr; the status of a refused upgrade
+// comes back with the error.
+func (a *agentCluster) attach(addr string) (*websocket.Conn, int, error) {
+	d := websocket.Dialer{TLSClientConfig: a.tlsConfig(), Subprotocols: []string{"contenox-relay.v1", "bearer." + a.token}, HandshakeTimeout: 10 * time.Second}
+	ws, resp, err := d.Dial("wss://"+addr+"/v1/attach/"+a.instance.InstanceID, nil)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		return nil, status, err
+	}
+	return ws, http.StatusSwitchingProtocols, nil
+}
+
+func (a *agentCluster) mustAttach(t *testing.T, addr string) *websocket.Conn {
+	t.Helper()
+	ws, status, err := a.attach(addr)
+	if err != nil {
+		t.Fatalf("attach through %s: %d %v", addr, status, err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
+// agentNextOf returns the runtime's next frame of type typ (others are
+// skipped: detaches of other clients, heartbeats).
+func agentNextOf(t *testing.T, rt *agenttest.Connector, typ string, within time.Duration) agenttest.Frame {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		f, err := rt.Next(time.Until(deadline))
+		if err != nil {
+			t.Fatalf("runtime waiting for %s: %v", typ, err)
+		}
+		if f.Type == typ {
+			return f
+		}
+	}
+}
+
+// agentRequest sends a request from a client and returns the session the
+// runtime saw it on, checking that it arrived as sent with instance and
+// session spliced in.
+func agentRequest(t *testing.T, a *agentCluster, ws *websocket.Conn, rt *agenttest.Connector, id string) string {
+	t.Helper()
+	msg := `{"type":"ask.run","id":"` + id + `","unknown_field":[1,2],"payload":{"q":"hi"}}`
+	if err := ws.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	f := agentNextOf(t, rt, "ask.run", 10*time.Second)
+	if f.ID != id || f.Instance != a.instance.InstanceID || !strings.HasPrefix(f.Session, "att-") || !bytes.Contains(f.Raw, []byte(`"unknown_field":[1,2]`)) {
+		t.Fatalf("routed line %s, want request %s spliced", f.Raw, id)
+	}
+	return f.Session
+}
+
+// agentRead reads the client's next text message.
+func agentRead(t *testing.T, ws *websocket.Conn, within time.Duration) []byte {
+	t.Helper()
+	_ = ws.SetReadDeadline(time.Now().Add(within))
+	_, msg, err := ws.ReadMessage()
+	if err != nil {
+		t.Fatalf("client read: %v", err)
+	}
+	return msg
+}
+
+// agentMessages reads a client's messages from here on into a channel (a
+// read deadline would end the connection at its first timeout).
+func agentMessages(ws *websocket.Conn) <-chan []byte {
+	ch := make(chan []byte, 64)
+	go func() {
+		defer close(ch)
+		_ = ws.SetReadDeadline(time.Time{})
+		for {
+			_, msg, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			ch <- msg
+		}
+	}()
+	return ch
+}
+
+// offlineAnswer sends a request and reports whether the relay answered it
+// with unknown_instance within 300 ms; false when it went to a link.
+func offlineAnswer(ws *websocket.Conn, msgs <-chan []byte, id string) bool {
+	msg := `{"type":"ask.run","id":"` + id + `"}`
+	if ws.WriteMessage(websocket.TextMessage, []byte(msg)) != nil {
+		return false
+	}
+	timeout := time.After(300 * time.Millisecond)
+	for {
+		select {
+		case got := <-msgs:
+			if bytes.Contains(got, []byte(`"re":"`+id+`"`)) {
+				return bytes.Contains(got, []byte(`"unknown_instance"`))
+			}
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+// TestClusterAgentAcrossNodes: the runtime's link on node 0, clients on
+// nodes 1 and 2: requests reach the runtime spliced and otherwise as sent,
+// answers reach the client their session names and nobody else, a 16 MiB
+// line crosses intact both ways; 64 attachments over three nodes and the
+// 65th refused with 429 on each (while offline too), a slot given back is
+// free; a client that leaves gives the runtime acp.detach; while the link
+// is offline a request gets unknown_instance, and a redial on another node
+// restores routing; a newer link on any node replaces the older.
+func TestClusterAgentAcrossNodes(t *testing.T) {
+	a := startAgentCluster(t)
+	nodes := a.c.nodes
+	rt, err := a.runtime(nodes[0].addrs["agent"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	c1 := a.mustAttach(t, nodes[1].addrs["agent"])
+	c2 := a.mustAttach(t, nodes[2].addrs["agent"])
+	s1 := agentRequest(t, a, c1, rt, "r1")
+	s2 := agentRequest(t, a, c2, rt, "r2")
+	reply := `{"type":"ask.result","instance":"` + a.instance.InstanceID + `","session":"` + s1 + `","re":"r1","x":{"kept":true}}`
+	if err := rt.Send([]byte(reply)); err != nil {
+		t.Fatal(err)
+	}
+	if got := agentRead(t, c1, 10*time.Second); string(got) != reply {
+		t.Fatalf("client 1 got %q, want %q", got, reply)
+	}
+	// The longest line (16 MiB with its line feed) from the runtime, in
+	// NATS chunks, arrives whole at client 2 only.
+	head := `{"type":"big","instance":"` + a.instance.InstanceID + `","session":"` + s2 + `","payload":"`
+	big := append([]byte(head), bytes.Repeat([]byte("b"), ndjson.MaxLine-1-len(head)-2)...)
+	big = append(big, `"}`...)
+	if err := rt.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	if got := agentRead(t, c2, 60*time.Second); !bytes.Equal(got, big) {
+		t.Fatalf("client 2 got %d bytes, want the %d sent", len(got), len(big))
+	}
+	// And a 12 MiB request from client 1.
+	reqBig := []byte(`{"type":"upload","payload":"` + strings.Repeat("u", 12<<20) + `"}`)
+	if err := c1.WriteMessage(websocket.TextMessage, reqBig); err != nil {
+		t.Fatal(err)
+	}
+	if f := agentNextOf(t, rt, "upload", 60*time.Second); f.Session != s1 || len(f.Raw) < len(reqBig) || !bytes.HasSuffix(f.Raw, reqBig[len(reqBig)-1000:]) {
+		t.Fatalf("the 12 MiB request arrived as %d bytes on session %q", len(f.Raw), f.Session)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, msg, err := c2.ReadMessage(); err == nil {
+		t.Fatalf("client 2 got another client's line: %.200s", msg)
+	}
+
+	// 64 attachments in the cluster: 62 more over the three nodes.
+	var more []*websocket.Conn
+	for k := range 62 {
+		more = append(more, a.mustAttach(t, nodes[k%3].addrs["agent"]))
+	}
+	for i, n := range nodes {
+		if _, status, err := a.attach(n.addrs["agent"]); status != http.StatusTooManyRequests {
+			t.Fatalf("the 65th attachment through node %d: %d %v, want 429", i, status, err)
+		}
+	}
+	// Client 2 leaves: the runtime is told, and its slot is free again.
+	c2.Close()
+	for {
+		if f := agentNextOf(t, rt, "acp.detach", 10*time.Second); f.Session == s2 {
+			break
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ws, status, _ := a.attach(nodes[1].addrs["agent"])
+		if ws != nil {
+			more = append(more, ws)
+			defer ws.Close()
+			break
+		}
+		if status != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("attach after a client left: %d", status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Offline: the link goes; the limit still holds; requests get
+	// unknown_instance from the client's own node.
+	rt.Close()
+	if _, status, _ := a.attach(nodes[2].addrs["agent"]); status != http.StatusTooManyRequests {
+		t.Fatalf("the 65th attachment with the instance offline: %d, want 429", status)
+	}
+	msgs := agentMessages(c1)
+	agentWait(t, 5*time.Second, "unknown_instance on node 1 with the link gone", func() bool { return offlineAnswer(c1, msgs, "off1") })
+	for _, ws := range more {
+		ws.Close()
+	}
+
+	// The runtime redials node 2: client 1's requests reach it.
+	rt2, err := a.runtime(nodes[2].addrs["agent"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt2.Close()
+	agentWait(t, 5*time.Second, "routing to the redialled link", func() bool {
+		_ = c1.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping.cargo","id":"p"}`))
+		f, err := rt2.Next(300 * time.Millisecond)
+		for err == nil && f.Type != "ping.cargo" {
+			f, err = rt2.Next(300 * time.Millisecond)
+		}
+		return err == nil && f.Session == s1
+	})
+	// A newer link through node 0 replaces it.
+	rt3, err := a.runtime(nodes[0].addrs["agent"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt3.Close()
+	select {
+	case <-rt2.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the older link on node 2 is still open after a newer one on node 0")
+	}
+	agentRequest(t, a, c1, rt3, "r3")
+}
+
+// agentWait polls cond until it holds, or fails t after within.
+func agentWait(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestClusterAgentNodeDeath: kill -9 of a client's node gives the runtime
+// acp.detach for that client within 2 s; kill -9 of the link's node makes
+// requests from a client elsewhere get unknown_instance within 2 s, and the
+// runtime redialling through the balancer restores routing.
+func TestClusterAgentNodeDeath(t *testing.T) {
+	a := startAgentCluster(t)
+	nodes := a.c.nodes
+	lb := startHAProxy(t, a.c, "agent")
+	rt, err := a.runtime(nodes[0].addrs["agent"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	c1 := a.mustAttach(t, nodes[1].addrs["agent"])
+	c2 := a.mustAttach(t, nodes[2].addrs["agent"])
+	s1 := agentRequest(t, a, c1, rt, "r1")
+	s2 := agentRequest(t, a, c2, rt, "r2")
+
+	// Node 2 (client 2's) dies while client 1's requests flow.
+	nodes[2].kill()
+	killed := time.Now()
+	for {
+		f := agentNextOf(t, rt, "acp.detach", 5*time.Second)
+		if f.Session == s1 {
+			t.Fatal("client 1, on a live node, was detached")
+		}
+		if f.Session == s2 {
+			break
+		}
+	}
+	if d := time.Since(killed); d > 2*time.Second {
+		t.Fatalf("acp.detach %v after the client's node was killed, want within 2 s", d)
+	}
+	t.Logf("acp.detach %v after kill -9 of the client's node", time.Since(killed))
+	agentRequest(t, a, c1, rt, "r3")
+	nodes[2].start()
+
+	// Node 0 (the link's) dies: client 1 on node 1 gets unknown_instance.
+	msgs := agentMessages(c1)
+	nodes[0].kill()
+	killed = time.Now()
+	agentWait(t, 3*time.Second, "unknown_instance after the link's node died", func() bool { return offlineAnswer(c1, msgs, "off") })
+	if d := time.Since(killed); d > 2*time.Second {
+		t.Fatalf("unknown_instance %v after the link's node was killed, want within 2 s", d)
+	}
+	t.Logf("unknown_instance %v after kill -9 of the link's node", time.Since(killed))
+	// The runtime redials through the balancer until a node takes it (the
+	// killed node's stream leaderships move first).
+	var rt2 *agenttest.Connector
+	agentWait(t, 30*time.Second, "a redial through the balancer", func() bool {
+		rt2, err = a.runtime(lb.addrs["agent"])
+		return err == nil
+	})
+	defer rt2.Close()
+	agentWait(t, 5*time.Second, "routing after the redial", func() bool {
+		_ = c1.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping.cargo","id":"p"}`))
+		f, err := rt2.Next(300 * time.Millisecond)
+		for err == nil && f.Type != "ping.cargo" {
+			f, err = rt2.Next(300 * time.Millisecond)
+		}
+		return err == nil && f.Session == s1
+	})
+}
