@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -364,4 +366,83 @@ func TestClusterAgentNodeDeath(t *testing.T) {
 		}
 		return err == nil && f.Session == s1
 	})
+}
+
+// TestClusterAgentFrozenClient: a client on node 1 that stops reading while
+// the runtime on node 0 sends to it is closed with 1013 at its own queue
+// bound, and the runtime is told it left, while another client on node 1
+// gets every line in order and the runtime is never held up: nothing read
+// from NATS waits for a socket.
+func TestClusterAgentFrozenClient(t *testing.T) {
+	a := startAgentCluster(t)
+	nodes := a.c.nodes
+	rt, err := a.runtime(nodes[0].addrs["agent"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	frozen := a.mustAttach(t, nodes[1].addrs["agent"])
+	live := a.mustAttach(t, nodes[1].addrs["agent"])
+	frozenSess := agentRequest(t, a, frozen, rt, "f")
+	liveSess := agentRequest(t, a, live, rt, "l")
+
+	// 128 KiB lines, alternating: 50 MiB to the frozen client, more than
+	// its queue (32 MiB) and the socket buffers hold; the runtime keeps at
+	// most 4 lines ahead of the live client.
+	pad := strings.Repeat("x", 128<<10)
+	const lines, window = 400, 4
+	progress := make(chan int, lines)
+	received := make(chan error, 1)
+	go func() {
+		for i := range lines {
+			_ = live.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_, msg, err := live.ReadMessage()
+			if err != nil {
+				received <- err
+				return
+			}
+			if want := `"n":` + strconv.Itoa(i) + `,`; !strings.Contains(string(msg), want) {
+				received <- fmt.Errorf("line %.80s, want %s", msg, want)
+				return
+			}
+			progress <- i
+		}
+		received <- nil
+	}()
+	start := time.Now()
+	seen := -1
+	for i := range lines {
+		for seen < i-window {
+			select {
+			case seen = <-progress:
+			case err := <-received:
+				t.Fatalf("the live client after %d lines (sent %d): %v", seen, i, err)
+			}
+		}
+		for _, sess := range []string{frozenSess, liveSess} {
+			line := `{"type":"acp.message","instance":"` + a.instance.InstanceID + `","session":"` + sess + `","n":` + strconv.Itoa(i) + `,"pad":"` + pad + `"}`
+			if err := rt.Send([]byte(line)); err != nil {
+				t.Fatalf("runtime blocked or cut off at line %d: %v", i, err)
+			}
+		}
+	}
+	if err := <-received; err != nil {
+		t.Fatalf("the live client: %v", err)
+	}
+	t.Logf("%d lines of 128 KiB to each client across nodes in %v", lines, time.Since(start))
+	if f := agentNextOf(t, rt, "acp.detach", 5*time.Second); f.Session != frozenSess {
+		t.Fatalf("detach of %s, want the frozen client's %s", f.Session, frozenSess)
+	}
+	_ = frozen.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for {
+		_, _, err := frozen.ReadMessage()
+		if err == nil {
+			continue
+		}
+		if !websocket.IsCloseError(err, websocket.CloseTryAgainLater) {
+			t.Fatalf("frozen client: %v, want close 1013", err)
+		}
+		break
+	}
+	agentRequest(t, a, live, rt, "still-here")
 }
