@@ -16,7 +16,7 @@ func (r *relay) channelRoute(ctx context.Context, log *slog.Logger) (route.Chann
 	if r.cluster == nil {
 		return route.NewLocalChannel(), nil
 	}
-	rt, err := channelroute.New(ctx, r.cluster, log)
+	rt, err := channelroute.New(ctx, r.cluster, channelroute.Config{Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("channel: cluster routing: %w", err)
 	}

@@ -66,9 +66,6 @@ const (
 	// subscription is on its way to this node's server.
 	admitRetry = time.Second
 	opTimeout  = 5 * time.Second
-	// admitTTL is how long an admitted phone of another node has to
-	// attach (its node upgrades it within milliseconds).
-	admitTTL = 30 * time.Second
 	// probe asks a lease holder's node whether it serves the computer.
 	probe = "probe"
 )
@@ -84,6 +81,8 @@ type Router struct {
 	leases *cluster.Leases
 	log    *slog.Logger
 	me     peer
+	// admitTTL: see Config.
+	admitTTL time.Duration
 
 	scratch sync.Pool
 
@@ -96,17 +95,30 @@ type Router struct {
 
 var _ route.Channel = (*Router)(nil)
 
+// Config tunes a Router; the zero value is the production one.
+type Config struct {
+	// Log may be nil.
+	Log *slog.Logger
+	// AdmitTTL is how long a phone admitted from another node has to
+	// attach before its place is given back (30 s by default; its node
+	// attaches it within milliseconds, so only a lost message runs out).
+	AdmitTTL time.Duration
+}
+
 // New opens the lease bucket and watches the peers.
-func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, error) {
+func New(ctx context.Context, c *cluster.Cluster, cfg Config) (*Router, error) {
 	l, err := c.Leases(ctx, LeaseBucket)
 	if err != nil {
 		return nil, fmt.Errorf("channel route: %w", err)
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.AdmitTTL == 0 {
+		cfg.AdmitTTL = 30 * time.Second
 	}
 	r := &Router{
-		c: c, nc: c.Conn(), local: route.NewLocalChannel(), leases: l, log: log,
+		c: c, nc: c.Conn(), local: route.NewLocalChannel(), leases: l, log: cfg.Log, admitTTL: cfg.AdmitTTL,
 		me:     peer{c.Node(), c.Incarnation()},
 		hosted: make(map[peer]map[*hostedPhone]struct{}),
 		away:   make(map[peer]map[*awayPhone]struct{}),
@@ -345,7 +357,7 @@ func (h *host) onOpen(m *nats.Msg) {
 		_ = m.Respond([]byte("ok " + h.r.me.node + " " + h.r.me.inc))
 		// A phone whose open never comes (its answer or its abandon
 		// lost) must not keep its place.
-		time.AfterFunc(admitTTL, func() {
+		time.AfterFunc(h.r.admitTTL, func() {
 			if !lp.Attached() {
 				h.dropHosted(hp)
 			}

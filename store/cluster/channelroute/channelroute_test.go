@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,8 +115,12 @@ func dataMsg(id control.ID, d string) string {
 }
 
 func routers(t testing.TB, nodes *clustertest.Nodes) []*channelroute.Router {
+	return routersWith(t, nodes, channelroute.Config{})
+}
+
+func routersWith(t testing.TB, nodes *clustertest.Nodes, cfg channelroute.Config) []*channelroute.Router {
 	return clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*channelroute.Router, error) {
-		return channelroute.New(ctx, c, nil)
+		return channelroute.New(ctx, c, cfg)
 	})
 }
 
@@ -375,4 +380,43 @@ func TestStaleLeaseDoesNotLockOut(t *testing.T) {
 	}
 	h0, _ := host(t, rs[0], key)
 	h0.End()
+}
+
+// TestLostAdmissionsGiveTheirPlaceBack: phones admitted from another node
+// whose open never comes (the answer or the abandon lost with a NATS
+// hiccup) give their places back after AdmitTTL: 32 of them do not lock
+// the computer's phones out.
+func TestLostAdmissionsGiveTheirPlaceBack(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	const admitTTL = 2 * time.Second
+	rs := routersWith(t, nodes, channelroute.Config{AdmitTTL: admitTTL})
+	key := newKey(t)
+	h, ctl := host(t, rs[0], key)
+	defer h.End()
+	for i := range route.ChannelMaxPhones {
+		// Admitted and then forgotten by its node: neither Attach nor End.
+		if _, err := rs[1+i%2].Phone(clustertest.Context(t), key, newID(t)); err != nil {
+			t.Fatalf("admission %d: %v", i, err)
+		}
+	}
+	if _, err := rs[0].Phone(clustertest.Context(t), key, newID(t)); !errors.Is(err, route.ErrChannelFull) {
+		t.Fatalf("admission 33: %v, want full", err)
+	}
+	waitCondWithin(t, "the lost admissions' places back", admitTTL+5*time.Second, func() bool {
+		p, err := rs[2].Phone(clustertest.Context(t), key, newID(t))
+		if err != nil {
+			return false
+		}
+		p.End()
+		return true
+	})
+	// All 32 are back, and nothing was told to the computer.
+	for range route.ChannelMaxPhones {
+		phone(t, rs[1], key, ctl)
+	}
+	for _, f := range ctl.all() {
+		if strings.Contains(f, `"close"`) {
+			t.Fatalf("the computer was told %s about a phone it never saw", f)
+		}
+	}
 }
