@@ -10,15 +10,18 @@
 //     101 the TLS stream carries one JSON frame per line both ways. The
 //     bearer token names the instance. 401 and 403 make the real connector
 //     stop retrying for good, so they answer a bad token and nothing else.
+//
 //   - The relay proves itself with an Ed25519 signature over the
 //     connector's nonce in relay.welcome (SigningInput, SignWelcome); its
 //     key lives in the data dir (LoadOrCreateKey) and is published as 44
 //     characters of padded base64 (PublicKeyString).
+//
 //   - Routed lines are forwarded as the bytes that arrived: frames from the
 //     instance go to the attachment their session names, unchanged; frames
 //     from a client get instance and session spliced in (package ndjson)
 //     and nothing else changed. Nothing on that path decodes JSON or
 //     allocates per frame.
+//
 //   - Every socket has a single writer and a send queue bounded in bytes,
 //     never smaller than the largest frame that must pass it: a client
 //     that does not read is closed with 1013 at its bound (its own queue,
@@ -26,6 +29,14 @@
 //     the one holding the most) while the instance and the other clients
 //     keep flowing; a client that sends faster than the instance reads
 //     waits for room in the link's queue.
+//
+// The handler routes between a link and the clients it holds itself; for
+// an end it does not hold it asks Config.Route (route.Agent): on a single
+// node nothing (route.AgentLocal), in a cluster another node
+// (store/cluster/agentroute). Lines from another node are queued without
+// waiting: one for a client overflows it as above (1013), one for a link
+// whose queue is full is dropped, as the route's reader must not wait for
+// a runtime that stopped reading.
 //
 // Handler serves the three endpoints (/v1/connect, /v1/attach/<id>,
 // /v1/pair/redeem); Keys is the operator's management of accounts, pairing

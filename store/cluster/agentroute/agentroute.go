@@ -19,6 +19,9 @@
 //     (and reads the lease when it first needs the instance), so it answers
 //     unknown_instance itself while no live node holds the link: after an
 //     offline, or as soon as the peers say the holder's node is gone.
+//   - A link given back keeps its generation in the lease (under the
+//     incarnation "released"), so that the next link anywhere is newer;
+//     after a NATS reconnect every lease followed is read again.
 //   - The attachment limit is exact over the cluster, offline too: slots
 //     are taken and given back by compare-and-set of att.<inst>. Entries of
 //     a node that is gone are pruned by whoever changes the set next.
@@ -127,7 +130,48 @@ func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, er
 	}
 	r := &Router{c: c, nc: c.Conn(), leases: leases, kv: kv, log: log, chunk: chunk, insts: make(map[string]*inst)}
 	c.OnPeerGone(r.peerGone)
+	go r.followReconnects(r.nc.StatusChanged(nats.CONNECTED, nats.CLOSED))
 	return r, nil
+}
+
+// followReconnects reads the link leases again after every reconnect:
+// what was said on .ctl meanwhile never arrived.
+func (r *Router) followReconnects(ch chan nats.Status) {
+	for s := range ch {
+		if s == nats.CLOSED {
+			r.nc.RemoveStatusListener(ch)
+			return
+		}
+		r.refresh()
+	}
+}
+
+// refresh reads the lease of every instance this node follows.
+func (r *Router) refresh() {
+	r.mu.Lock()
+	insts := make([]*inst, 0, len(r.insts))
+	for _, i := range r.insts {
+		insts = append(insts, i)
+	}
+	r.mu.Unlock()
+	for _, i := range insts {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		h, live, err := r.leases.Holder(ctx, "link."+i.name)
+		cancel()
+		if err != nil {
+			r.log.Warn("agent: link state not read again after a reconnect", "instance", i.name, "err", err)
+			continue
+		}
+		if heldBy(h, live) {
+			i.heard(h, true)
+			continue
+		}
+		i.mu.Lock()
+		if h.Gen >= i.holder.Gen {
+			i.online = false // no live node holds it, as of this read
+		}
+		i.mu.Unlock()
+	}
 }
 
 // safeInstance: an instance id fit to be a subject token and a KV key.
@@ -187,7 +231,7 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 		r.unref(i)
 		return nil, err
 	}
-	if ok {
+	if heldBy(h, ok) {
 		i.heard(h, true)
 	}
 	return i, nil
@@ -566,6 +610,15 @@ func (lh *linkHold) Release() {
 	})
 }
 
+// released is the incarnation of a lease given back. Never a live one,
+// though PeerAlive takes any holder for alive in a node's first moments,
+// before it has heard the peers: hence heldBy.
+const released = "released"
+
+// heldBy is a lease's holder as Leases.Holder reads it, less a lease
+// given back.
+func heldBy(h cluster.Holder, live bool) bool { return live && h.Incarnation != released }
+
 // releaseLink gives the link's lease up if me still holds it. Not
 // Leases.Release, which deletes the key: the next hold would start again
 // at generation 1, and nodes that heard of a higher one would take the
@@ -584,7 +637,7 @@ func (r *Router) releaseLink(ctx context.Context, name string, me cluster.Holder
 		case string(e.Value()) != held:
 			return nil // a newer hold
 		}
-		_, err = r.kv.Update(ctx, key, []byte(me.Node+" released "+strconv.FormatUint(me.Gen, 10)), e.Revision())
+		_, err = r.kv.Update(ctx, key, []byte(me.Node+" "+released+" "+strconv.FormatUint(me.Gen, 10)), e.Revision())
 		if err == nil {
 			return nil
 		}
@@ -632,50 +685,67 @@ var errUnchanged = errors.New("unchanged")
 func (r *Router) changeSet(ctx context.Context, i *inst, change func(attSet) (attSet, error)) error {
 	key := "att." + i.name
 	for range 32 {
-		var cur attSet
-		var rev uint64
-		e, err := r.kv.Get(ctx, key)
-		switch {
-		case cluster.Absent(err):
-		case err != nil:
-			return cluster.Fail("agent: read "+key, err)
-		default:
-			cur, rev = parseSet(e.Value()), e.Revision()
-		}
-		var kept, pruned attSet
-		for _, a := range cur {
-			if r.c.PeerAlive(a.node, a.incarnation) {
-				kept = append(kept, a)
-			} else {
-				pruned = append(pruned, a)
-			}
-		}
-		next, err := change(kept)
-		if errors.Is(err, errUnchanged) && len(pruned) == 0 {
-			return nil
-		}
-		if err != nil && !errors.Is(err, errUnchanged) {
-			return err
-		}
-		switch {
-		case rev == 0:
-			_, err = r.kv.Create(ctx, key, next.encode())
-		case len(next) == 0:
-			err = r.kv.Delete(ctx, key, jetstream.LastRevision(rev))
-		default:
-			_, err = r.kv.Update(ctx, key, next.encode(), rev)
-		}
-		if err == nil {
-			for _, a := range pruned {
-				r.gone(i, a.session)
-			}
-			return nil
-		}
+		err := r.changeSetOnce(ctx, i, key, change)
 		if !cluster.Conflict(err) {
-			return cluster.Fail("agent: write "+key, err)
+			return err
 		}
 	}
 	return cluster.Fail("agent: write "+key, errors.New("no write after 32 contended rounds"))
+}
+
+// roundTimeout bounds one round of changeSet: a request that the stream
+// does not answer (its leader just died) is not waited on for the whole
+// of the caller's context.
+const roundTimeout = 2 * time.Second
+
+// changeSetOnce is one read and compare-and-set of changeSet; a lost
+// compare-and-set comes back as itself (cluster.Conflict).
+func (r *Router) changeSetOnce(ctx context.Context, i *inst, key string, change func(attSet) (attSet, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, roundTimeout)
+	defer cancel()
+	var cur attSet
+	var rev uint64
+	e, err := r.kv.Get(ctx, key)
+	switch {
+	case cluster.Absent(err):
+	case err != nil:
+		return cluster.Fail("agent: read "+key, err)
+	default:
+		cur, rev = parseSet(e.Value()), e.Revision()
+	}
+	var kept, pruned attSet
+	for _, a := range cur {
+		if r.c.PeerAlive(a.node, a.incarnation) {
+			kept = append(kept, a)
+		} else {
+			pruned = append(pruned, a)
+		}
+	}
+	next, err := change(kept)
+	if errors.Is(err, errUnchanged) && len(pruned) == 0 {
+		return nil
+	}
+	if err != nil && !errors.Is(err, errUnchanged) {
+		return err
+	}
+	switch {
+	case rev == 0:
+		_, err = r.kv.Create(ctx, key, next.encode())
+	case len(next) == 0:
+		err = r.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	default:
+		_, err = r.kv.Update(ctx, key, next.encode(), rev)
+	}
+	if err == nil {
+		for _, a := range pruned {
+			r.gone(i, a.session)
+		}
+		return nil
+	}
+	if cluster.Conflict(err) {
+		return err
+	}
+	return cluster.Fail("agent: write "+key, err)
 }
 
 // gone tells the instance's link that session's client left without

@@ -289,6 +289,8 @@ func TestAgentRouteClientNodeDies(t *testing.T) {
 	// The bucket may be electing a new leader (node 1's server led it).
 	for k := range 2 {
 		waitFor(t, 15*time.Second, "a slot of the dead node", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
 			_, err := rs[2].Attach(ctx, inst, session(10+k), 3, &c)
 			if errors.Is(err, route.ErrAgentFull) {
 				t.Fatalf("a slot of the dead node: %v", err)
