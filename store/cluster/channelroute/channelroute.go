@@ -387,16 +387,20 @@ func (h *host) onUp(m *nats.Msg) {
 	h.mu.Unlock()
 	switch ctl {
 	case ctlOpen:
-		sink := &remotePhone{nc: h.r.nc, subject: phoneSubject(h.hex, &id)}
+		// The phone's node waits for the answer: a phone whose computer
+		// went between admission and open closes with 1001 there.
 		if hp == nil {
-			sink.Close(1001, "computer offline")
+			_ = m.Respond([]byte("gone"))
 			return
 		}
+		sink := &remotePhone{nc: h.r.nc, subject: phoneSubject(h.hex, &id)}
 		// Admission waited for Ready, so Attach does not wait here.
 		if !hp.lp.Attach(context.Background(), sink) {
 			h.dropHosted(hp)
-			sink.Close(1001, "computer offline")
+			_ = m.Respond([]byte("gone"))
+			return
 		}
+		_ = m.Respond([]byte("ok"))
 	case ctlClose:
 		if hp != nil {
 			h.dropHosted(hp)
@@ -517,10 +521,10 @@ func (r *Router) Phone(ctx context.Context, key store.Hash, id control.ID) (rout
 
 // Attach subscribes the phone's subject, then tells the computer "open"
 // (the subscription reaches the computer's server before the open does).
-func (p *awayPhone) Attach(_ context.Context, conn route.ChannelSink) bool {
+func (p *awayPhone) Attach(ctx context.Context, conn route.ChannelSink) bool {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.ended || p.attached {
+		p.mu.Unlock()
 		return false
 	}
 	sub, err := p.r.nc.Subscribe(p.subject, func(m *nats.Msg) {
@@ -535,18 +539,23 @@ func (p *awayPhone) Attach(_ context.Context, conn route.ChannelSink) bool {
 		_ = conn.WriteText(m.Data) // a full queue drops this phone alone
 	})
 	if err != nil {
+		p.mu.Unlock()
 		p.r.log.Warn("channel: phone subscription", "err", err)
 		return false
 	}
 	p.sub, p.conn, p.attached = sub, conn, true
+	// Not held across the request below: the peers' callback takes it.
+	p.mu.Unlock()
 	p.r.addAway(p)
 	if !p.r.c.PeerAlive(p.holder.node, p.holder.inc) {
 		return false // its computer's node went meanwhile: End cleans up
 	}
-	if err := p.r.nc.PublishMsg(ctlMsg(p.up, ctlOpen, 0, p.id[:])); err != nil {
-		return false
-	}
-	return true
+	// A request, not a publish: when the computer went between the
+	// admission and now, nobody would ever close this phone. The request
+	// is published on the node's one connection like the frames after
+	// it, so it stays ahead of them.
+	m, err := p.r.nc.RequestMsgWithContext(ctx, ctlMsg(p.up, ctlOpen, 0, p.id[:]))
+	return err == nil && string(m.Data) == "ok"
 }
 
 // ToHost wraps the frame as the single node does and publishes it.

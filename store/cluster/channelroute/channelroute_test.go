@@ -420,3 +420,23 @@ func TestLostAdmissionsGiveTheirPlaceBack(t *testing.T) {
 		}
 	}
 }
+
+// TestComputerGoneBeforeOpen: a phone admitted through another node whose
+// computer leaves before the phone's socket attaches is refused at
+// attach (its handler closes it with 1001) instead of staying open with
+// nobody to close it.
+func TestComputerGoneBeforeOpen(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	rs := routers(t, nodes)
+	key := newKey(t)
+	h, _ := host(t, rs[0], key)
+	p, err := rs[1].Phone(clustertest.Context(t), key, newID(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.End()
+	if p.Attach(clustertest.Context(t), newSink()) {
+		t.Fatal("a phone attached to a computer that left")
+	}
+	p.End()
+}
