@@ -150,9 +150,10 @@ func notifyGone(fns []func(node, incarnation string), gone []peer) {
 // PeerAlive reports whether node runs incarnation as far as the beats
 // tell: true for this node's own, and for a peer heard within
 // peerSilence (or while this node hears nothing at all, itself
-// included: see above). A node that started less than peerSilence ago
-// has not heard every peer yet and takes any other node for alive. It
-// costs no I/O.
+// included: see above). A node that started less than livenessTTL ago
+// may not have heard every peer yet (a busy box delays the first beats
+// past peerSilence: seen in CI) and takes a node it never heard for
+// alive; after that a node never heard is gone. It costs no I/O.
 func (c *Cluster) PeerAlive(node, incarnation string) bool {
 	if node == c.node {
 		return incarnation == c.incarnation
@@ -169,7 +170,7 @@ func (c *Cluster) PeerAlive(node, incarnation string) bool {
 	if cur, ok := p.current[node]; ok && (cur != incarnation || p.dead[node] == incarnation) {
 		return false // it restarted, or left
 	}
-	return time.Since(p.started) < peerSilence
+	return time.Since(p.started) < livenessTTL
 }
 
 // OnPeerGone registers fn, called once for each (node, incarnation) that
