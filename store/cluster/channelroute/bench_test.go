@@ -122,3 +122,38 @@ func BenchmarkPhoneToComputer(b *testing.B) {
 		frameLoop(b, got, func() { _ = nc.Publish("er.ch.floor.up", wrapped) })
 	})
 }
+
+// BenchmarkComputerToPhone: a 1 KiB frame of the computer to its phone on
+// the same node and on another node (the floor is the same as above).
+func BenchmarkComputerToPhone(b *testing.B) {
+	nodes := clustertest.Start(b, 3)
+	rs := routers(b, nodes)
+	frame := []byte(strings.Repeat("x", 1<<10))
+	key := newKey(b)
+	h, err := rs[0].Host(clustertest.Context(b), key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.End()
+	ctl := &signalSink{got: make(chan struct{}, 1)}
+	h.Attach(ctl)
+	for _, c := range []struct {
+		name string
+		r    route.Channel
+	}{{"same-node", rs[0]}, {"cross-node", rs[1]}} {
+		b.Run(c.name, func(b *testing.B) {
+			id := newID(b)
+			p, err := c.r.Phone(clustertest.Context(b), key, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.End()
+			ph := &signalSink{got: make(chan struct{}, 1)}
+			if !p.Attach(clustertest.Context(b), ph) {
+				b.Fatal("attach")
+			}
+			<-ctl.got // its open
+			frameLoop(b, ph.got, func() { h.ToPhone(&id, frame) })
+		})
+	}
+}
