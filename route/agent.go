@@ -26,6 +26,10 @@ type Agent interface {
 	// ErrAgentFull when all max are taken. Lines from the instance's link
 	// on another node reach c.Deliver until the attachment's Leave.
 	Attach(ctx context.Context, inst, session string, max int, c AgentClient) (AgentAttachment, error)
+	// Status is instance inst over every node: whether a link holds it
+	// and how many clients are attached. known is false when the route
+	// knows no more than the handler (a single node).
+	Status(ctx context.Context, inst string) (online bool, attachments int, known bool, err error)
 }
 
 // AgentLink is a link as the route sees it. Its methods are called from

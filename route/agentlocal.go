@@ -18,6 +18,11 @@ func (AgentLocal) Attach(context.Context, string, string, int, AgentClient) (Age
 	return agentLocalAttachment{}, nil
 }
 
+// Status implements Agent: the handler knows it all.
+func (AgentLocal) Status(context.Context, string) (bool, int, bool, error) {
+	return false, 0, false, nil
+}
+
 type agentLocalHold struct{}
 
 func (agentLocalHold) ToSession(_, _ []byte) bool { return false }

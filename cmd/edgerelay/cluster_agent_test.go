@@ -190,6 +190,11 @@ func TestClusterAgentAcrossNodes(t *testing.T) {
 	c2 := a.mustAttach(t, nodes[2].addrs["agent"])
 	s1 := agentRequest(t, a, c1, rt, "r1")
 	s2 := agentRequest(t, a, c2, rt, "r2")
+	// The instance list through a node with neither the link nor all the
+	// clients counts them over the cluster.
+	if out := cliOK(t, a.c.nodeEnv(2), "keys", "agent", "instance", "list"); !regexpLine(out, a.instance.InstanceID+`\s+box\s+alice\s+false\s+true\s+2`) {
+		t.Fatalf("instance list through node 2:\n%s", out)
+	}
 	reply := `{"type":"ask.result","instance":"` + a.instance.InstanceID + `","session":"` + s1 + `","re":"r1","x":{"kept":true}}`
 	if err := rt.Send([]byte(reply)); err != nil {
 		t.Fatal(err)

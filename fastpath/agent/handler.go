@@ -294,14 +294,29 @@ func (in *instance) publishRoutesLocked() {
 	in.routes.Store(&m)
 }
 
-// Connected reports whether instance id has a link past its welcome.
+// statusTimeout bounds the route's answer to Connected and Attachments.
+const statusTimeout = 5 * time.Second
+
+// Connected reports whether instance id has a link past its welcome, on
+// this node or (in a cluster) on any.
 func (h *Handler) Connected(id string) bool {
-	in := h.lookup(id)
-	return in != nil && in.cur.Load() != nil
+	if in := h.lookup(id); in != nil && in.cur.Load() != nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	online, _, known, err := h.cfg.Route.Status(ctx, id)
+	return known && err == nil && online
 }
 
-// Attachments is the number of clients attached to instance id.
+// Attachments is the number of clients attached to instance id, over every
+// node in a cluster.
 func (h *Handler) Attachments(id string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	if _, n, known, err := h.cfg.Route.Status(ctx, id); known && err == nil {
+		return n
+	}
 	in := h.lookup(id)
 	if in == nil {
 		return 0

@@ -806,6 +806,31 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 	return a, nil
 }
 
+// Status implements route.Agent: the lease and the attachment set, less
+// what belongs to nodes that are gone.
+func (r *Router) Status(ctx context.Context, name string) (online bool, attachments int, known bool, err error) {
+	if !safeInstance(name) {
+		return false, 0, false, nil
+	}
+	h, live, err := r.leases.Holder(ctx, "link."+name)
+	if err != nil {
+		return false, 0, false, err
+	}
+	e, err := r.kv.Get(ctx, "att."+name)
+	switch {
+	case cluster.Absent(err):
+	case err != nil:
+		return false, 0, false, cluster.Fail("agent: read att."+name, err)
+	default:
+		for _, a := range parseSet(e.Value()) {
+			if r.c.PeerAlive(a.node, a.incarnation) {
+				attachments++
+			}
+		}
+	}
+	return heldBy(h, live), attachments, true, nil
+}
+
 // attachment is a client of this node holding a slot.
 type attachment struct {
 	r       *Router
