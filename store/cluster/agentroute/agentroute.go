@@ -174,20 +174,6 @@ func (r *Router) refresh() {
 	}
 }
 
-// safeInstance: an instance id fit to be a subject token and a KV key.
-func safeInstance(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // safeSession: a relay-minted attachment id, "att-" and 24 hex digits.
 func safeSession[T string | []byte](s T) bool {
 	if len(s) != 28 || string(s[:4]) != "att-" {
@@ -436,7 +422,7 @@ func (ra *reassembler) drop(key string, p *partial) {
 
 // Link implements route.Agent.
 func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (route.AgentLinkHold, error) {
-	if !safeInstance(name) {
+	if !cluster.SubjectToken(name) {
 		return noHold{}, nil // no subject can name it: this node's clients only
 	}
 	i, err := r.ref(ctx, name)
@@ -769,7 +755,7 @@ func (r *Router) gone(i *inst, session string) {
 
 // Attach implements route.Agent.
 func (r *Router) Attach(ctx context.Context, name, session string, limit int, c route.AgentClient) (route.AgentAttachment, error) {
-	if !safeInstance(name) || !safeSession(session) {
+	if !cluster.SubjectToken(name) || !safeSession(session) {
 		return nil, fmt.Errorf("agentroute: instance %q or session not fit for a subject", name)
 	}
 	i, err := r.ref(ctx, name)
@@ -809,7 +795,7 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 // Status implements route.Agent: the lease and the attachment set, less
 // what belongs to nodes that are gone.
 func (r *Router) Status(ctx context.Context, name string) (online bool, attachments int, known bool, err error) {
-	if !safeInstance(name) {
+	if !cluster.SubjectToken(name) {
 		return false, 0, false, nil
 	}
 	h, live, err := r.leases.Holder(ctx, "link."+name)
