@@ -112,6 +112,9 @@ type Handler struct {
 	// epoch anchors the monotonic clock of heartbeats (mono).
 	epoch   time.Time
 	clients ws.Group
+	// nowait is closed from the start: a Put with it as cancel queues
+	// within the bound or not at all, without waiting.
+	nowait chan struct{}
 
 	// mu guards the maps below. It is held only to look up, add or remove,
 	// never across I/O.
@@ -184,7 +187,10 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	nowait := make(chan struct{})
+	close(nowait)
 	return &Handler{
+		nowait:    nowait,
 		cfg:       cfg,
 		log:       cfg.Log,
 		m:         cfg.Metrics,

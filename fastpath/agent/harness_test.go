@@ -24,6 +24,7 @@ import (
 	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/agent/agenttest"
 	"edgerelay/fastpath/tlsconf"
+	"edgerelay/route"
 	"edgerelay/store"
 )
 
@@ -57,6 +58,8 @@ type relayOpts struct {
 	// plain serves without TLS, for the allocation tests that count the
 	// relay's own allocations (crypto/tls allocates per record read).
 	plain bool
+	// route replaces the single node's route.
+	route route.Agent
 }
 
 // clock is a settable clock for pairing expiry.
@@ -125,6 +128,7 @@ func startRelay(t testing.TB, o relayOpts) *relay {
 		MaxClientMessage: o.maxClientMessage,
 		ClientPing:       o.clientPing,
 		Now:              clk.Now,
+		Route:            o.route,
 	})
 	if err != nil {
 		t.Fatal(err)

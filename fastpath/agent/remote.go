@@ -14,10 +14,12 @@ type remoteLink struct{ l *link }
 
 // Deliver queues a client's line from another node. A link queue with no
 // room drops it (a client here would wait; one elsewhere cannot, as the
-// route's reader must never block on a socket).
+// route's reader must never block on a socket). Within the bound, as a
+// client here: the reserve above it stays for the relay's own frames
+// (acks, detaches), which would otherwise find it full and drop the link.
 func (r remoteLink) Deliver(line []byte) {
 	l := r.l
-	if err := l.q.TryPut(line, true); err != nil {
+	if err := l.q.Put(line, true, l.h.nowait); err != nil {
 		l.h.m.dropOffline.Inc()
 		return
 	}
