@@ -434,7 +434,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		r.unref(i)
 		return nil, err
 	}
-	lh := &linkHold{r: r, i: i, l: l, me: me, subjects: make(map[string]string), clients: make(map[string]attEntry)}
+	lh := &linkHold{r: r, i: i, l: l, me: me, subjects: make(map[string]string), clients: make(map[string]attEntry), ended: make(map[string]struct{})}
 	var ra reassembler
 	sub, err := r.nc.Subscribe(i.in, func(m *nats.Msg) {
 		if m.Header != nil {
@@ -445,7 +445,9 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 				return
 			}
 			if v := m.Header.Get(hdrDetach); v != "" {
-				lh.detached(v)
+				if safeSession(v) {
+					lh.detached(v)
+				}
 				return
 			}
 			if v := m.Header.Get(hdrLeft); v != "" {
@@ -513,30 +515,52 @@ type linkHold struct {
 	subjects map[string]string
 
 	// clients are the link's clients on other nodes, by session: whom
-	// to detach when their node is gone. Each is detached once.
+	// to detach when their node is gone. ended are the sessions the link
+	// has been told of (a detach, or the client's own acp.detach), so that
+	// a later prune of the same slot tells it nothing more; a session
+	// neither learnt nor ended (its notice missed) is still told once.
 	mu      sync.Mutex
 	clients map[string]attEntry
+	ended   map[string]struct{}
 }
+
+// maxEnded bounds ended; past it the oldest knowledge is dropped (a slot
+// pruned that late would be told twice).
+const maxEnded = 4096
 
 // learn records a client on another node.
 func (lh *linkHold) learn(a attEntry) {
 	lh.mu.Lock()
-	lh.clients[a.session] = a
+	if _, done := lh.ended[a.session]; !done {
+		lh.clients[a.session] = a
+	}
 	lh.mu.Unlock()
 }
 
-// forget drops a client that left (its acp.detach follows as a line).
-func (lh *linkHold) forget(session string) bool {
-	lh.mu.Lock()
-	defer lh.mu.Unlock()
-	_, ok := lh.clients[session]
+// endLocked marks session told; lh.mu is held.
+func (lh *linkHold) endLocked(session string) {
 	delete(lh.clients, session)
-	return ok
+	if len(lh.ended) >= maxEnded {
+		clear(lh.ended)
+	}
+	lh.ended[session] = struct{}{}
 }
 
-// detached tells the link a client it knew has gone without saying so.
+// forget drops a client that left (its acp.detach follows as a line).
+func (lh *linkHold) forget(session string) {
+	lh.mu.Lock()
+	lh.endLocked(session)
+	lh.mu.Unlock()
+}
+
+// detached tells the link, once, that a client has gone without saying
+// so.
 func (lh *linkHold) detached(session string) {
-	if lh.forget(session) {
+	lh.mu.Lock()
+	_, done := lh.ended[session]
+	lh.endLocked(session)
+	lh.mu.Unlock()
+	if !done {
 		lh.l.Detached([]byte(session))
 	}
 }
@@ -548,7 +572,7 @@ func (lh *linkHold) nodeGone(node, incarnation string) {
 	for s, a := range lh.clients {
 		if a.node == node && a.incarnation == incarnation {
 			gone = append(gone, s)
-			delete(lh.clients, s)
+			lh.endLocked(s)
 		}
 	}
 	lh.mu.Unlock()

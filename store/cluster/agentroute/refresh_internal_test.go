@@ -2,6 +2,7 @@ package agentroute
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"edgerelay/store/cluster"
@@ -52,5 +53,35 @@ func TestRefresh(t *testing.T) {
 	rs[1].refresh()
 	if !rs[1].remoteLink(i) {
 		t.Fatal("after a refresh, node 1 does not see the newer link")
+	}
+}
+
+type detachLog struct {
+	nopLink
+	got []string
+}
+
+func (d *detachLog) Detached(s []byte) { d.got = append(d.got, string(s)) }
+
+// TestDetachOnce: the link is told of each client's end once, however it
+// learns of it (its node gone, a prune through this node or another), also
+// of a client whose attach notice it missed; a client that said goodbye
+// itself is not told of again.
+func TestDetachOnce(t *testing.T) {
+	d := &detachLog{}
+	lh := &linkHold{l: d, clients: make(map[string]attEntry), ended: make(map[string]struct{})}
+	lh.learn(attEntry{"att-a", "n1", "i1"})
+	lh.learn(attEntry{"att-b", "n2", "i2"})
+	lh.nodeGone("n1", "i1")
+	lh.detached("att-a") // the prune of its slot, afterwards
+	lh.detached("att-c") // never learnt (a missed notice)
+	lh.detached("att-c")
+	lh.forget("att-b") // its own acp.detach
+	lh.detached("att-b")
+	lh.nodeGone("n2", "i2")
+	lh.learn(attEntry{"att-a", "n1", "i1"}) // a late notice
+	lh.nodeGone("n1", "i1")
+	if got := strings.Join(d.got, " "); got != "att-a att-c" {
+		t.Fatalf("detached %q, want att-a and att-c once each", got)
 	}
 }
