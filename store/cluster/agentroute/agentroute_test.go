@@ -133,6 +133,14 @@ func TestAgentRouteFramesBothWays(t *testing.T) {
 	if !hold.ToSession([]byte(session(2)), lines[0]) {
 		t.Fatal("ToSession to session 2: false")
 	}
+	// Another instance's link naming client 1's session reaches nobody.
+	var other sink
+	oh, err := rs[2].Link(ctx, "inst-other", &other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oh.Release()
+	oh.ToSession([]byte(session(1)), []byte(`{"type":"not-yours"}`))
 	waitFor(t, 10*time.Second, "every line at the link and at client 1", func() bool {
 		n, _, _ := link.count()
 		m, _, _ := c1.count()
@@ -146,6 +154,9 @@ func TestAgentRouteFramesBothWays(t *testing.T) {
 	}
 	if !bytes.Equal(c2.lines[0], lines[0]) {
 		t.Fatalf("client 2 got %q", c2.lines[0])
+	}
+	if n, _, _ := c1.count(); n != len(lines) {
+		t.Fatalf("client 1 got %d lines, want %d (another instance's reached it)", n, len(lines))
 	}
 
 	detach := []byte(`{"type":"acp.detach","instance":"` + inst + `","session":"` + session(2) + `"}`)
