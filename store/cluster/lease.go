@@ -40,8 +40,15 @@ func (c *Cluster) Leases(ctx context.Context, bucket string) (*Leases, error) {
 	return &Leases{c: c, kv: kv}, nil
 }
 
+// value is the record of h; a released lease ("-" for node and
+// incarnation) keeps its generation, so the next hold is newer than every
+// earlier one.
 func (h Holder) value() []byte {
-	return []byte(h.Node + " " + h.Incarnation + " " + strconv.FormatUint(h.Gen, 10))
+	node, inc := h.Node, h.Incarnation
+	if node == "" {
+		node, inc = "-", "-"
+	}
+	return []byte(node + " " + inc + " " + strconv.FormatUint(h.Gen, 10))
 }
 
 func parseHolder(b []byte) (Holder, bool) {
@@ -50,6 +57,9 @@ func parseHolder(b []byte) (Holder, bool) {
 		return Holder{}, false
 	}
 	gen, err := strconv.ParseUint(f[2], 10, 64)
+	if f[0] == "-" {
+		return Holder{Gen: gen}, err == nil // released
+	}
 	return Holder{Node: f[0], Incarnation: f[1], Gen: gen}, err == nil
 }
 
@@ -96,7 +106,8 @@ func (l *Leases) Hold(ctx context.Context, key string, exclusive bool) (me, prev
 	return Holder{}, Holder{}, Fail("lease "+key, fmt.Errorf("no hold after 32 contended rounds"))
 }
 
-// Release gives key back if me still holds it (a newer hold stays).
+// Release gives key back if me still holds it (a newer hold stays),
+// keeping its generation in the record.
 func (l *Leases) Release(ctx context.Context, key string, me Holder) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -110,7 +121,7 @@ func (l *Leases) Release(ctx context.Context, key string, me Holder) error {
 	if cur, _ := parseHolder(e.Value()); cur != me {
 		return nil
 	}
-	if err := l.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil && !Conflict(err) {
+	if _, err := l.kv.Update(ctx, key, Holder{Gen: me.Gen}.value(), e.Revision()); err != nil && !Conflict(err) {
 		return Fail("release lease "+key, err)
 	}
 	return nil
@@ -129,5 +140,5 @@ func (l *Leases) Holder(ctx context.Context, key string) (h Holder, ok bool, err
 		return Holder{}, false, Fail("lease "+key, err)
 	}
 	h, parsed := parseHolder(e.Value())
-	return h, parsed && l.live(h), nil
+	return h, parsed && h.Node != "" && l.live(h), nil
 }

@@ -37,9 +37,12 @@ func TestLeases(t *testing.T) {
 	if err := ls[0].Release(ctx, "host.1", a); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok, err := ls[1].Holder(ctx, "host.1"); err != nil || ok {
+		t.Fatalf("a released lease has a holder (%v)", err)
+	}
 	b, prev, err := ls[1].Hold(ctx, "host.1", true)
-	if err != nil || prev != (cluster.Holder{}) || b.Node != nodes.Node(1).Node() {
-		t.Fatalf("exclusive hold after the release: %+v (prev %+v) %v", b, prev, err)
+	if err != nil || prev != (cluster.Holder{}) || b.Node != nodes.Node(1).Node() || b.Gen != a.Gen+1 {
+		t.Fatalf("exclusive hold after the release: %+v (prev %+v) %v; want node 1's, generation %d (a release keeps the generation)", b, prev, err, a.Gen+1)
 	}
 
 	// Replace: the newer wins and names the one it replaced.
