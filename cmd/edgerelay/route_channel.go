@@ -20,5 +20,6 @@ func (r *relay) channelRoute(ctx context.Context, log *slog.Logger) (route.Chann
 	if err != nil {
 		return nil, fmt.Errorf("channel: cluster routing: %w", err)
 	}
+	r.closers = append(r.closers, rt.Close)
 	return rt, nil
 }

@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,10 @@ type Router struct {
 	// admitTTL: see Config.
 	admitTTL time.Duration
 
+	stop      chan struct{}
+	swept     chan struct{}
+	closeOnce sync.Once
+
 	scratch sync.Pool
 
 	// mu guards the two tables of the sockets whose other end is on
@@ -125,7 +130,54 @@ func New(ctx context.Context, c *cluster.Cluster, cfg Config) (*Router, error) {
 	}
 	r.scratch.New = func() any { b := make([]byte, 0, 2048); return &b }
 	c.OnPeerGone(r.peerGone)
+	r.stop = make(chan struct{})
+	r.swept = make(chan struct{})
+	go r.sweep()
 	return r, nil
+}
+
+// sweepEvery is how often the nodes this router's sockets depend on are
+// checked against PeerAlive.
+const sweepEvery = 250 * time.Millisecond
+
+// sweep catches what OnPeerGone does not report: a node never heard (its
+// beats had not arrived when it died) is never "gone", only no longer
+// alive once this node has run for the peers' grace time. Without it,
+// that node's phones here would stay open with nobody to close them.
+func (r *Router) sweep() {
+	defer close(r.swept)
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		var dead []peer
+		for p := range r.hosted {
+			if !r.c.PeerAlive(p.node, p.inc) {
+				dead = append(dead, p)
+			}
+		}
+		for p := range r.away {
+			if !r.c.PeerAlive(p.node, p.inc) && !slices.Contains(dead, p) {
+				dead = append(dead, p)
+			}
+		}
+		r.mu.Unlock()
+		for _, p := range dead {
+			r.peerGone(p.node, p.inc)
+		}
+	}
+}
+
+// Close stops the sweep (the sockets end with the handler's drain).
+func (r *Router) Close() error {
+	r.closeOnce.Do(func() { close(r.stop) })
+	<-r.swept
+	return nil
 }
 
 func hostHex(key store.Hash) string { return hex.EncodeToString(key[:]) }
@@ -621,6 +673,9 @@ func (r *Router) peerGone(node, inc string) {
 	delete(r.hosted, gone)
 	delete(r.away, gone)
 	r.mu.Unlock()
+	if len(hosted)+len(away) > 0 {
+		r.log.Info("channel: node gone", "node", node, "phones_closed", len(away), "phones_lost", len(hosted))
+	}
 	for hp := range hosted {
 		hp.h.dropHosted(hp)
 	}

@@ -119,9 +119,13 @@ func routers(t testing.TB, nodes *clustertest.Nodes) []*channelroute.Router {
 }
 
 func routersWith(t testing.TB, nodes *clustertest.Nodes, cfg channelroute.Config) []*channelroute.Router {
-	return clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*channelroute.Router, error) {
+	rs := clustertest.Open(t, nodes, func(ctx context.Context, c *cluster.Cluster) (*channelroute.Router, error) {
 		return channelroute.New(ctx, c, cfg)
 	})
+	for _, r := range rs {
+		t.Cleanup(func() { r.Close() })
+	}
+	return rs
 }
 
 // host opens and attaches a control socket for key through r.
