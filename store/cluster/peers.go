@@ -20,7 +20,12 @@ import (
 // A node that hears nothing at all (its own connection is down, or its
 // server is cut off from the others) cannot tell dead peers from a cut
 // of its own, so it judges nobody while its own beats do not come back:
-// it never closes every socket because its own link hiccuped.
+// it never closes every socket because its own link hiccuped. A peer
+// judged gone by silence that beats again is alive again; the routers
+// have acted on its going by then (closed, detached), and it is not told.
+// Next step (issue 16): a node that did not hear itself for peerSilence
+// knows the others may have judged it gone, and should fence itself
+// (close its live sockets, which reconnect) when its beats come back.
 const (
 	peerBeat     = 250 * time.Millisecond
 	peerSilence  = 1500 * time.Millisecond
@@ -37,7 +42,7 @@ type peers struct {
 	mu      sync.Mutex
 	seen    map[peer]time.Time // last beat of each live peer
 	current map[string]string  // node -> its latest incarnation
-	dead    map[string]string  // node -> its latest incarnation, once gone
+	dead    map[string]string  // node -> its latest incarnation, once it said goodbye
 	ownSeen time.Time          // our own last beat heard back
 	started time.Time
 	gone    []func(node, incarnation string)
@@ -99,8 +104,7 @@ func (c *Cluster) heard(bye bool, data string) {
 	me := peer{node, inc}
 	switch prev, known := p.current[node]; {
 	case known && prev == inc && p.dead[node] == inc:
-		// Gone already (a goodbye, or silence): a late beat does not
-		// bring it back.
+		// It said goodbye: a late beat does not bring it back.
 	case bye:
 		delete(p.seen, me)
 		p.current[node], p.dead[node] = inc, inc
@@ -128,8 +132,12 @@ func (c *Cluster) judge(now time.Time) {
 	if now.Sub(p.ownSeen) < peerSilence {
 		for k, at := range p.seen {
 			if now.Sub(at) >= peerSilence {
+				// Gone, but not for good: a node cut off for a while
+				// (its link, a stall) that beats again is alive again.
+				// What the others did meanwhile (phones closed, clients
+				// detached) stands; it is not told (see the package's
+				// notes for the next step: fencing itself).
 				delete(p.seen, k)
-				p.dead[k.node] = k.incarnation
 				goneNow = append(goneNow, k)
 			}
 		}

@@ -54,21 +54,32 @@ func TestPeersSilenceRule(t *testing.T) {
 	if c.PeerAlive("b", "b1") || !c.PeerAlive("c", "c1") {
 		t.Fatal("b should be gone and c alive")
 	}
+	// b was only cut off: it beats again and is alive again, and a second
+	// silence makes it gone a second time.
+	c.heard(false, "b b1")
+	if !c.PeerAlive("b", "b1") {
+		t.Fatal("a peer gone by silence that beats again is not alive again")
+	}
+	bt := c.peers.seen[peer{"b", "b1"}]
+	c.peers.ownSeen = bt.Add(peerSilence)
+	c.peers.seen[peer{"c", "c1"}] = bt.Add(peerSilence)
+	c.judge(bt.Add(peerSilence))
+	took("b/b1", "b/b1")
 	c.heard(false, "c c2") // c restarted
-	took("b/b1", "c/c1")
+	took("b/b1", "b/b1", "c/c1")
 	if c.PeerAlive("c", "c1") || !c.PeerAlive("c", "c2") {
 		t.Fatal("c's old incarnation should be gone, its new one alive")
 	}
 	c.heard(true, "c c2")
-	took("b/b1", "c/c1", "c/c2")
+	took("b/b1", "b/b1", "c/c1", "c/c2")
 	c.heard(false, "c c2") // a beat sent before the goodbye, arriving after it
 	c.heard(true, "c c2")
-	took("b/b1", "c/c1", "c/c2")
+	took("b/b1", "b/b1", "c/c1", "c/c2")
 	if c.PeerAlive("c", "c2") {
 		t.Fatal("a late beat brought a node that said goodbye back")
 	}
 	c.heard(true, "e e1") // never heard, leaves: someone may hold its state
-	took("b/b1", "c/c1", "c/c2", "e/e1")
+	took("b/b1", "b/b1", "c/c1", "c/c2", "e/e1")
 	if !c.PeerAlive("a", "a1") || c.PeerAlive("a", "a0") {
 		t.Fatal("this node's own incarnation only is alive")
 	}
