@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -280,37 +279,7 @@ func TestClusterChannelAcrossNodes(t *testing.T) {
 	// Back-pressure across the hop: a phone on node 1 that stops reading
 	// is dropped at its own 2 MiB queue and the computer (node 2) told,
 	// while another phone on node 1 gets every frame, in order.
-	pair := &hostileChannel{s: c.nodes[1], tok: b.phone, ctl: ctlB}
-	frozen, frozenID := pair.phone(t, frozenDialer(nil))
-	live, liveID := pair.phone(t, nil)
-	gone := make(chan error, 1)
-	go func() {
-		for {
-			m, err := pair.next(time.Minute)
-			if err != nil || (m.Type == "close" && m.ID == frozenID) {
-				gone <- err
-				return
-			}
-		}
-	}()
-	chunk := strings.Repeat("z", 60000)
-	n := frozenBytes(2<<20) / len(chunk)
-	progress := make(chan int, n)
-	liveDone := liveReader(live, n, progress, func(i int, msg []byte) error {
-		if want := "live " + strconv.Itoa(i); string(msg) != want {
-			return fmt.Errorf("got %.40q, want %q", msg, want)
-		}
-		return nil
-	})
-	pace(t, n, 4, progress, liveDone, func(i int) error {
-		if err := pair.send(frozenID, chunk); err != nil {
-			return err
-		}
-		return pair.send(liveID, "live "+strconv.Itoa(i))
-	})
-	awaitNotice(t, gone, "the computer's close message for the frozen phone on another node")
-	expectCutOff(t, frozen, websocket.ClosePolicyViolation, n)
-	pair.roundTrip(t, live, liveID, "still here")
+	live := frozenPhoneOf(t, &hostileChannel{s: c.nodes[1], tok: b.phone, ctl: ctlB}, " on another node")
 
 	// A release through node 0 closes B's control socket on node 2
 	// (1000) and its phones on nodes 0 and 1 (1001).

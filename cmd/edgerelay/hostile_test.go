@@ -622,7 +622,14 @@ func TestHostileFrozenReaders(t *testing.T) {
 // relay drops it (2 MiB queue, spec/private-channel.md) and tells the
 // computer; another phone of the same computer gets every frame.
 func frozenPhone(t *testing.T, r *hostileRelay, claimKey string) {
-	pair := newHostileChannel(t, r.relayProc, claimKey)
+	_ = frozenPhoneOf(t, newHostileChannel(t, r.relayProc, claimKey), "")
+}
+
+// frozenPhoneOf is frozenPhone on pair's computer (where says where the
+// phones are, for the messages): a phone that stops reading is dropped at
+// its 2 MiB queue and the computer told, while another phone gets every
+// frame, in order. It returns the live phone, still open.
+func frozenPhoneOf(t *testing.T, pair *hostileChannel, where string) *websocket.Conn {
 	frozen, frozenID := pair.phone(t, frozenDialer(nil))
 	live, liveID := pair.phone(t, nil)
 
@@ -651,9 +658,10 @@ func frozenPhone(t *testing.T, r *hostileRelay, claimKey string) {
 		}
 		return pair.send(liveID, "live "+strconv.Itoa(i))
 	})
-	awaitNotice(t, gone, "the computer's close message for the frozen phone")
+	awaitNotice(t, gone, "the computer's close message for the frozen phone"+where)
 	expectCutOff(t, frozen, websocket.ClosePolicyViolation, n)
 	pair.roundTrip(t, live, liveID, "still here")
+	return live
 }
 
 // hostileMailbox claims a fresh mailbox of app chat.
