@@ -64,6 +64,17 @@ func (a *agentCluster) runtime(addr string) (*agenttest.Connector, error) {
 	})
 }
 
+// mustRuntime dials the runtime through addr, closed at the test's end.
+func (a *agentCluster) mustRuntime(t *testing.T, addr string) *agenttest.Connector {
+	t.Helper()
+	rt, err := a.runtime(addr)
+	if err != nil {
+		t.Fatalf("runtime through %s: %v", addr, err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	return rt
+}
+
 // attach attaches a client through addr; the status of a refused upgrade
 // comes back with the error.
 func (a *agentCluster) attach(addr string) (*websocket.Conn, int, error) {
@@ -181,11 +192,7 @@ func offlineAnswer(ws *websocket.Conn, msgs <-chan []byte, id string) bool {
 func TestClusterAgentAcrossNodes(t *testing.T) {
 	a := startAgentCluster(t)
 	nodes := a.c.nodes
-	rt, err := a.runtime(nodes[0].addrs["agent"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := a.mustRuntime(t, nodes[0].addrs["agent"])
 	c1 := a.mustAttach(t, nodes[1].addrs["agent"])
 	c2 := a.mustAttach(t, nodes[2].addrs["agent"])
 	s1 := agentRequest(t, a, c1, rt, "r1")
@@ -317,11 +324,7 @@ func TestClusterAgentNodeDeath(t *testing.T) {
 	a := startAgentCluster(t)
 	nodes := a.c.nodes
 	lb := startHAProxy(t, a.c, "agent")
-	rt, err := a.runtime(nodes[0].addrs["agent"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := a.mustRuntime(t, nodes[0].addrs["agent"])
 	c1 := a.mustAttach(t, nodes[1].addrs["agent"])
 	c2 := a.mustAttach(t, nodes[2].addrs["agent"])
 	s1 := agentRequest(t, a, c1, rt, "r1")
@@ -359,6 +362,7 @@ func TestClusterAgentNodeDeath(t *testing.T) {
 	// killed node's stream leaderships move first).
 	var rt2 *agenttest.Connector
 	agentWait(t, 30*time.Second, "a redial through the balancer", func() bool {
+		var err error
 		rt2, err = a.runtime(lb.addrs["agent"])
 		return err == nil
 	})
@@ -381,11 +385,7 @@ func TestClusterAgentNodeDeath(t *testing.T) {
 func TestClusterAgentFrozenClient(t *testing.T) {
 	a := startAgentCluster(t)
 	nodes := a.c.nodes
-	rt, err := a.runtime(nodes[0].addrs["agent"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := a.mustRuntime(t, nodes[0].addrs["agent"])
 	frozen := a.mustAttach(t, nodes[1].addrs["agent"])
 	live := a.mustAttach(t, nodes[1].addrs["agent"])
 	frozenSess := agentRequest(t, a, frozen, rt, "f")

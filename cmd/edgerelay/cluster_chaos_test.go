@@ -170,19 +170,27 @@ func TestSIGKILLClusterNodesDuringRacingClaims(t *testing.T) {
 	}
 }
 
-// streamLeader names the node that leads a JetStream stream, asked through
-// one node's embedded server.
-func streamLeader(t *testing.T, natsAddr, stream string) string {
+// natsJetStream is JetStream through one node's embedded server, its
+// connection closed at the test's end.
+func natsJetStream(t *testing.T, natsAddr string) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect("nats://" + natsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js
+}
+
+// streamLeader names the node that leads a JetStream stream, asked through
+// one node's embedded server.
+func streamLeader(t *testing.T, natsAddr, stream string) string {
+	t.Helper()
+	js := natsJetStream(t, natsAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)

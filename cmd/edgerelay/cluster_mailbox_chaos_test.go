@@ -18,9 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"edgerelay/sdk/link"
 	sdkmailbox "edgerelay/sdk/mailbox"
 )
@@ -474,15 +471,7 @@ func mailboxShard(t *testing.T, natsAddr, app, id string) string {
 	t.Helper()
 	k := shardOf(app+"/"+id, shardCount(t, natsAddr))
 	stream := fmt.Sprintf("ER_MBX_%d", k)
-	nc, err := nats.Connect("nats://" + natsAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natsJetStream(t, natsAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
@@ -637,15 +626,7 @@ func TestSIGKILLClusterMailboxStreamLeader(t *testing.T) {
 // one node's NATS.
 func shardCount(t *testing.T, natsAddr string) int {
 	t.Helper()
-	nc, err := nats.Connect("nats://" + natsAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natsJetStream(t, natsAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n := 0
