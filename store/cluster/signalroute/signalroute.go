@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -98,9 +99,10 @@ type side struct {
 	subject string // this side's
 	other   string // the other side's
 	sub     *nats.Subscription
-	// The fields below change with the router's mu held.
-	peer    *peer
-	current bool // still the side's socket on this node (not replaced, not left)
+	// peer and current change with the router's mu held; Send reads them
+	// without it (the frame path takes no lock).
+	peer    atomic.Pointer[peer]
+	current atomic.Bool // still the side's socket on this node (not replaced, not left)
 	once    sync.Once
 }
 
@@ -146,8 +148,9 @@ func (r *Router) Join(ctx context.Context, name string, sideIdx int, sock route.
 		return nil, err
 	}
 	theirs, _ := subject(name, 1-sideIdx)
-	s := &side{r: r, sock: sock, subject: mine, other: theirs, current: true,
+	s := &side{r: r, sock: sock, subject: mine, other: theirs,
 		me: stamp{at: time.Now().UnixNano(), node: r.c.Node(), inc: r.c.Incarnation()}}
+	s.current.Store(true)
 	if s.sub, err = r.nc.ChanSubscribe(mine, r.msgs); err != nil {
 		return nil, cluster.Fail("subscribe "+mine, err)
 	}
@@ -163,13 +166,14 @@ func (r *Router) Join(ctx context.Context, name string, sideIdx int, sock route.
 	r.mu.Lock()
 	old := r.sides[mine]
 	if old != nil {
-		old.current = false
+		old.current.Store(false)
 	}
 	r.sides[mine] = s
 	var localPeer *side
 	if o := r.sides[theirs]; o != nil {
 		localPeer = o
-		s.peer, o.peer = &peer{local: o}, &peer{local: s}
+		s.peer.Store(&peer{local: o})
+		o.peer.Store(&peer{local: s})
 	}
 	r.mu.Unlock()
 	if old != nil {
@@ -198,7 +202,7 @@ func (s *side) repeatUp() {
 			return
 		}
 		s.r.mu.Lock()
-		again := s.current && s.peer == nil
+		again := s.current.Load() && s.peer.Load() == nil
 		s.r.mu.Unlock()
 		if !again {
 			return
@@ -217,9 +221,7 @@ func (r *Router) control(subject, kind string, from stamp) {
 // Send forwards a frame to the other side: a direct call on this node,
 // a publish to its subject on another, nothing when it is not connected.
 func (s *side) Send(msg []byte) {
-	s.r.mu.Lock()
-	p, current := s.peer, s.current
-	s.r.mu.Unlock()
+	p, current := s.peer.Load(), s.current.Load()
 	switch {
 	case !current || p == nil:
 	case p.local != nil:
@@ -234,15 +236,13 @@ func (s *side) Leave() {
 	s.once.Do(func() {
 		r := s.r
 		r.mu.Lock()
-		wasCurrent := s.current
-		s.current = false
+		wasCurrent := s.current.Swap(false)
 		if r.sides[s.subject] == s {
 			delete(r.sides, s.subject)
 		}
-		p := s.peer
-		s.peer = nil
+		p := s.peer.Swap(nil)
 		if p != nil && p.local != nil && wasCurrent {
-			p.local.peer = nil
+			p.local.peer.Store(nil)
 		}
 		r.mu.Unlock()
 		_ = s.sub.Unsubscribe()
@@ -266,7 +266,8 @@ func (r *Router) CloseAll(name string) {
 			break
 		}
 		if s := r.sides[subj]; s != nil {
-			s.current, s.peer = false, nil
+			s.current.Store(false)
+			s.peer.Store(nil)
 			delete(r.sides, subj)
 			gone = append(gone, s)
 		}
@@ -283,8 +284,8 @@ func (r *Router) peerGone(node, inc string) {
 	var left []*side
 	r.mu.Lock()
 	for _, s := range r.sides {
-		if p := s.peer; p != nil && p.local == nil && p.remote.node == node && p.remote.inc == inc {
-			s.peer = nil
+		if p := s.peer.Load(); p != nil && p.local == nil && p.remote.node == node && p.remote.inc == inc {
+			s.peer.Store(nil)
 			left = append(left, s)
 		}
 	}
@@ -327,30 +328,30 @@ func (r *Router) handle(m *nats.Msg) {
 	r.mu.Lock()
 	switch kind {
 	case "replaced":
-		if from.newer(s.me) && s.current {
-			s.current = false
+		if from.newer(s.me) && s.current.Load() {
+			s.current.Store(false)
 			delete(r.sides, s.subject)
-			if p := s.peer; p != nil && p.local != nil {
-				p.local.peer = nil // the newer socket's up reaches it
+			if p := s.peer.Load(); p != nil && p.local != nil {
+				p.local.peer.Store(nil) // the newer socket's up reaches it
 			}
-			s.peer = nil
+			s.peer.Store(nil)
 			tell = func() { _ = s.sub.Unsubscribe(); s.sock.Replaced() }
 		}
 	case "up", "here":
-		if p := s.peer; s.current && (p == nil || p.local == nil && from.newer(p.remote)) {
-			s.peer = &peer{remote: from}
+		if p := s.peer.Load(); s.current.Load() && (p == nil || p.local == nil && from.newer(p.remote)) {
+			s.peer.Store(&peer{remote: from})
 			tell = func() {
 				if kind == "up" {
 					r.control(s.other, "here", s.me)
 				}
 				s.sock.Peer(true)
 			}
-		} else if kind == "up" && s.current && p != nil && p.local == nil && p.remote == from {
+		} else if kind == "up" && s.current.Load() && p != nil && p.local == nil && p.remote == from {
 			tell = func() { r.control(s.other, "here", s.me) } // a repeated up: answer again
 		}
 	case "down":
-		if p := s.peer; s.current && p != nil && p.local == nil && p.remote == from {
-			s.peer = nil
+		if p := s.peer.Load(); s.current.Load() && p != nil && p.local == nil && p.remote == from {
+			s.peer.Store(nil)
 			tell = func() { s.sock.Peer(false) }
 		}
 	}
