@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -11,7 +13,7 @@ import (
 // at its first new beat; a goodbye is gone at once; and a node that has
 // not heard its own beat for peerSilence judges nobody.
 func TestPeersSilenceRule(t *testing.T) {
-	c := &Cluster{node: "a", incarnation: "a1", peers: &peers{seen: map[peer]time.Time{}, current: map[string]string{}, dead: map[string]string{}, started: time.Now().Add(-time.Hour)}}
+	c := &Cluster{node: "a", incarnation: "a1", peers: newPeers(time.Now().Add(-time.Hour), discard)}
 	var mu sync.Mutex
 	var gone []string
 	c.OnPeerGone(func(node, inc string) {
@@ -90,5 +92,123 @@ func TestPeersSilenceRule(t *testing.T) {
 	c.peers.started = time.Now().Add(-livenessTTL + time.Second)
 	if !c.PeerAlive("d", "d1") {
 		t.Fatal("within the start's grace every node counts as alive")
+	}
+}
+
+func discard(string, []byte) error { return nil }
+
+// fencing is a node "a" whose fences and notices are counted.
+type fencing struct {
+	c       *Cluster
+	fences  atomic.Int32
+	notices []string
+}
+
+func newFencing() *fencing {
+	f := &fencing{}
+	tell := func(subject string, data []byte) error {
+		f.notices = append(f.notices, subject+" "+string(data))
+		return nil
+	}
+	f.c = &Cluster{node: "a", incarnation: "a1", log: slog.New(slog.DiscardHandler), peers: newPeers(time.Now().Add(-time.Hour), tell)}
+	f.c.OnFenced(func() { f.fences.Add(1) })
+	return f
+}
+
+func (f *fencing) fenced(t *testing.T, want int32) {
+	t.Helper()
+	if got := f.fences.Load(); got != want {
+		t.Fatalf("fenced %d times, want %d", got, want)
+	}
+}
+
+// TestPeersFenceOnOwnSilence: a node whose own beats were lost for
+// peerSilence (its link was down, or it stalled) fences itself once when
+// they come back, not for a shorter loss, and once for one cut.
+func TestPeersFenceOnOwnSilence(t *testing.T) {
+	f := newFencing()
+	p := f.c.peers
+	f.c.heard(false, "a a1") // the first beat heard back is no return
+	f.fenced(t, 0)
+	p.ownSeen = time.Now().Add(-peerSilence + 100*time.Millisecond)
+	f.c.heard(false, "a a1")
+	f.fenced(t, 0)
+	p.ownSeen = time.Now().Add(-peerSilence)
+	f.c.heard(false, "a a1")
+	f.fenced(t, 1)
+	// The peer's notice for the same cut does not fence it twice.
+	f.c.toldJudged("a a1 b b1", time.Now())
+	f.fenced(t, 1)
+	// A later cut fences again.
+	p.fenced = time.Now().Add(-peerSilence)
+	p.ownSeen = time.Now().Add(-2 * peerSilence)
+	f.c.heard(false, "a a1")
+	f.fenced(t, 2)
+}
+
+// TestPeersFenceWhenTold: a peer that judged this node gone tells it when
+// it hears it again, and this node fences, unless it judged that peer
+// gone too (both sides of the cut acted); notices for another node or
+// incarnation are ignored.
+func TestPeersFenceWhenTold(t *testing.T) {
+	f := newFencing()
+	p := f.c.peers
+	now := time.Now()
+	f.c.toldJudged("a a0 b b1", now) // an old incarnation of ours
+	f.c.toldJudged("c c1 b b1", now)
+	f.c.toldJudged("a a1 b", now) // malformed
+	f.fenced(t, 0)
+	f.c.toldJudged("a a1 b b1", now)
+	f.fenced(t, 1)
+
+	// A cut between a and c: a judges c gone, and hears it again.
+	f.c.heard(false, "c c1")
+	p.ownSeen = now
+	p.seen[peer{"c", "c1"}] = now.Add(-peerSilence)
+	f.c.judge(now)
+	p.fenced = time.Time{}
+	f.c.toldJudged("a a1 c c1", now) // c's notice before its beat
+	f.fenced(t, 1)
+	if len(f.notices) != 0 {
+		t.Fatalf("notices %v before c beat again", f.notices)
+	}
+	f.c.heard(false, "c c1")
+	if want := "er.node.judged c c1 a a1"; len(f.notices) != 1 || f.notices[0] != want {
+		t.Fatalf("notices %v, want [%s]", f.notices, want)
+	}
+	f.c.heard(false, "c c1") // told once per return
+	if len(f.notices) != 1 {
+		t.Fatalf("notices %v, want one", f.notices)
+	}
+	f.c.toldJudged("a a1 c c1", time.Now()) // c's notice after its beat
+	f.fenced(t, 1)
+	// Long after c's return, a notice from c is a new cut that only c saw.
+	f.c.toldJudged("a a1 c c1", time.Now().Add(2*peerSilence))
+	f.fenced(t, 2)
+}
+
+// TestPeersSeededNodeGoesAtGrace: a node found in er_nodes at start but
+// never heard is reported gone livenessTTL after the start, not before; a
+// node heard before seeding keeps its beats' clock.
+func TestPeersSeededNodeGoesAtGrace(t *testing.T) {
+	start := time.Now()
+	c := &Cluster{node: "a", incarnation: "a1", peers: newPeers(start, discard)}
+	var gone []string
+	c.OnPeerGone(func(node, inc string) { gone = append(gone, node+"/"+inc) })
+	c.heard(false, "c c1")
+	c.peers.seed("b", "b1")
+	c.peers.seed("c", "c0") // its beat came first: c1 stands
+	c.peers.ownSeen = start.Add(livenessTTL)
+	if !c.PeerAlive("b", "b1") {
+		t.Fatal("a seeded node is not alive at start")
+	}
+	c.peers.seen[peer{"c", "c1"}] = start.Add(livenessTTL) // c beats on
+	c.judge(start.Add(livenessTTL - time.Millisecond))
+	if len(gone) != 0 {
+		t.Fatalf("gone %v before the grace ended", gone)
+	}
+	c.judge(start.Add(livenessTTL))
+	if len(gone) != 1 || gone[0] != "b/b1" {
+		t.Fatalf("gone %v, want [b/b1]", gone)
 	}
 }

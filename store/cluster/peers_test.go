@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"edgerelay/store/cluster/clustertest"
 )
@@ -74,5 +75,49 @@ func TestPeersSeeANodeLeaveAndReturn(t *testing.T) {
 	})
 	if a.PeerAlive(node, inc) {
 		t.Fatal("the old incarnation is alive again")
+	}
+}
+
+// TestPeersReportANodeNeverHeard: a node that starts while another's
+// record is in er_nodes, and never hears that node beat (it died before
+// its beats reached the new node), reports it gone at the end of the
+// start's grace, as it would a node it heard (before, it never did).
+func TestPeersReportANodeNeverHeard(t *testing.T) {
+	nodes := clustertest.Start(t, 3)
+	ctx := clustertest.Context(t)
+	js, err := jetstream.New(nodes.Node(0).Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, "er_nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "ghost", []byte("g1")); err != nil {
+		t.Fatal(err)
+	}
+	nodes.Stop(1)
+	b := nodes.Restart(1)
+	started := time.Now() // its grace began a moment before Restart returned
+	gone := make(chan string, 8)
+	b.OnPeerGone(func(n, i string) { gone <- n + "/" + i })
+	if !b.PeerAlive("ghost", "g1") {
+		t.Fatal("a node in er_nodes is not alive in the start's grace")
+	}
+	select {
+	case g := <-gone:
+		if g != "ghost/g1" {
+			t.Fatalf("gone %s, want ghost/g1", g)
+		}
+		// Gone at the end of the start's grace (livenessTTL, 10 s),
+		// not at once and not much later.
+		if took := time.Since(started); took < 9*time.Second || took > 12*time.Second {
+			t.Fatalf("reported %v after the start, want about 10 s", took)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the node never heard is never reported gone")
+	}
+	if b.PeerAlive("ghost", "g1") {
+		t.Fatal("a node reported gone is alive")
 	}
 }
