@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fasthttp/websocket"
+	"github.com/nats-io/nats.go"
 
 	sdkmailbox "edgerelay/sdk/mailbox"
 )
@@ -128,4 +132,122 @@ func TestClusterSignalAcrossNodes(t *testing.T) {
 	}
 	wantClose(t, "the primary on node 1 after the erase", p2, 1000)
 	wantClose(t, "the companion on node 0 after the erase", comp3, 1000)
+}
+
+// waitBeats waits until every other node's embedded server carries node
+// i's beats (store/cluster/peers.go): from then on those nodes judge i by
+// its silence, without the start-up grace for a node never heard.
+func waitBeats(t *testing.T, c *relayCluster, i int) {
+	t.Helper()
+	for j := range c.nodes {
+		if j == i {
+			continue
+		}
+		nc, err := nats.Connect("nats://" + c.nats[j])
+		if err != nil {
+			t.Fatal(err)
+		}
+		heard := make(chan struct{}, 1)
+		_, err = nc.Subscribe("er.node.beat", func(m *nats.Msg) {
+			if strings.HasPrefix(string(m.Data), fmt.Sprintf("node%d ", i)) {
+				select {
+				case heard <- struct{}{}:
+				default:
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-heard:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("node %d's beats do not reach node %d", i, j)
+		}
+		nc.Close()
+	}
+}
+
+// stall stops node i (SIGSTOP: the process and its embedded NATS server
+// freeze, as in a long pause) until the returned resume is called, and
+// resumes it at the test's end in any case.
+func stall(t *testing.T, n *relayProc) (resume func()) {
+	t.Helper()
+	pid := n.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
+}
+
+// wantFencedClose reads a signal socket on a fenced node until it closes
+// (a peer notice may come first: its node judged the others while it
+// came back) and checks the code is the drain's.
+func wantFencedClose(t *testing.T, what string, c *websocket.Conn, within time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	for {
+		typ, msg, err := c.ReadMessage()
+		if err == nil {
+			if typ == websocket.TextMessage && strings.HasPrefix(string(msg), "peer ") {
+				continue
+			}
+			t.Fatalf("%s: frame %d %q, want the fence's close", what, typ, msg)
+		}
+		code, _ := sdkmailbox.CloseCode(err)
+		// 4000 until the mailbox's signal socket implements
+		// signalroute.GoingAway (1001, as a drain): the router falls
+		// back to Replaced for a socket without it.
+		if code != websocket.CloseGoingAway && code != 4000 {
+			t.Fatalf("%s: %v, want the fence's close (1001)", what, err)
+		}
+		t.Logf("%s: closed with %d", what, code)
+		return
+	}
+}
+
+// TestClusterSignalFence: a node stalled past the peers' silence (SIGSTOP)
+// holds the companion's side: the primary on another node gets peer 0
+// within 2 s; once the node runs again it fences itself and closes the
+// companion's socket; the companion reconnecting through that node pairs
+// again, and frames flow both ways.
+func TestClusterSignalFence(t *testing.T) {
+	t.Parallel()
+	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterMailboxEnv...)
+	for _, n := range c.nodes {
+		waitReadyz(t, n, http.StatusOK, 30*time.Second)
+	}
+	node := func(i int) string { return c.nodes[i].origin("mailbox") }
+	l := newClusterLink(t, "talk")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(0), ""), nil, ""), 201, "")
+	p := mailboxConn(t, l, node(0), "/signal/primary", websocket.DefaultDialer)
+	comp := mailboxConn(t, l, node(1), "/signal/companion", websocket.DefaultDialer)
+	wantPeer(t, "primary on node 0", p, "peer 1")
+	wantPeer(t, "companion on node 1", comp, "peer 1")
+	waitBeats(t, c, 1)
+
+	stopped := time.Now()
+	resume := stall(t, c.nodes[1])
+	wantPeer(t, "the primary while the companion's node is stalled", p, "peer 0")
+	if d := time.Since(stopped); d > 2*time.Second {
+		t.Fatalf("peer 0 %v after the stall, want within 2 s", d)
+	}
+	resume()
+	wantFencedClose(t, "the companion on the fenced node", comp, 5*time.Second)
+
+	comp2 := mailboxConn(t, l, node(1), "/signal/companion", websocket.DefaultDialer)
+	wantPeer(t, "the primary when the companion came back", p, "peer 1")
+	wantPeer(t, "the companion through the fenced node", comp2, "peer 1")
+	for i, pair := range [][2]*websocket.Conn{{p, comp2}, {comp2, p}} {
+		msg := fmt.Appendf(nil, "after the fence %d", i)
+		if err := pair[0].WriteMessage(websocket.BinaryMessage, msg); err != nil {
+			t.Fatal(err)
+		}
+		if typ, got := readSignal(t, "a frame after the fence", pair[1]); typ != websocket.BinaryMessage || !bytes.Equal(got, msg) {
+			t.Fatalf("after the fence: %d %q, want %q", typ, got, msg)
+		}
+	}
 }

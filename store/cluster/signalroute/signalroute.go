@@ -26,6 +26,12 @@
 // servers a moment after it is made, and two sides joining at once could
 // otherwise both miss the other's up. Messages are handled by one
 // dispatcher goroutine per node, which only queues onto sockets.
+//
+// Fencing: when this node learns the others may have judged it gone while
+// it ran on (cluster.OnFenced: a stall, a cut link), the other sides of
+// its sockets were told peer 0 and may have paired again elsewhere. Every
+// side joined here closes as on a drain (1001), so that its client
+// reconnects into a cluster that agrees; the normal Leave follows.
 package signalroute
 
 import (
@@ -117,6 +123,7 @@ const dispatchQueue = 8192
 func New(c *cluster.Cluster) *Router {
 	r := &Router{c: c, nc: c.Conn(), msgs: make(chan *nats.Msg, dispatchQueue), stop: make(chan struct{}), done: make(chan struct{}), sides: make(map[string]*side)}
 	c.OnPeerGone(r.peerGone)
+	c.OnFenced(r.fenced)
 	go r.dispatch()
 	return r
 }
@@ -292,6 +299,31 @@ func (r *Router) peerGone(node, inc string) {
 	r.mu.Unlock()
 	for _, s := range left {
 		s.sock.Peer(false)
+	}
+}
+
+// GoingAway is a signal socket that can be closed as on a drain (1001,
+// the relay is going away); the mailbox handler's is one. A socket
+// without it is closed as replaced (4000): a fenced side must not stay
+// open either way.
+type GoingAway interface{ GoingAway() }
+
+// fenced closes every side joined here before the fence (see the package
+// comment). It runs on the beat goroutine or NATS's, and only queues
+// closes onto the sockets.
+func (r *Router) fenced() {
+	r.mu.Lock()
+	held := make([]route.SignalSocket, 0, len(r.sides))
+	for _, s := range r.sides {
+		held = append(held, s.sock)
+	}
+	r.mu.Unlock()
+	for _, sock := range held {
+		if g, ok := sock.(GoingAway); ok {
+			g.GoingAway()
+		} else {
+			sock.Replaced()
+		}
 	}
 }
 

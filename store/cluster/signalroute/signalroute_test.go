@@ -63,3 +63,52 @@ func TestClusterSignalsPeerNodeDies(t *testing.T) {
 		return nil
 	})
 }
+
+// awaySocket is a routetest.Socket that can be closed as on a drain.
+type awaySocket struct{ routetest.Socket }
+
+func (s *awaySocket) GoingAway() { s.Peer(false); s.Replaced() } // recorded as "peer 0", "replaced"
+
+// fence makes node i fence itself: node j says it judged i gone (the
+// notice of store/cluster/peers.go, sent on er.node.judged).
+func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
+	t.Helper()
+	a, b := nodes.Node(i), nodes.Node(j)
+	if err := b.Conn().Publish("er.node.judged", []byte(a.Node()+" "+a.Incarnation()+" "+b.Node()+" "+b.Incarnation())); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFenceClosesTheSidesHere: a fenced node closes every side joined on
+// it as on a drain (GoingAway; Replaced for a socket without it), and a
+// side joined after the fence is left alone.
+func TestFenceClosesTheSidesHere(t *testing.T) {
+	nodes := clustertest.Start(t, 2)
+	rs := routers(t, nodes)
+	ctx := context.Background()
+	var p awaySocket
+	var c, late routetest.Socket
+	if _, err := rs[0].Join(ctx, "chat/fence00000001", 0, &p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs[0].Join(ctx, "chat/fence00000002", 1, &c); err != nil {
+		t.Fatal(err)
+	}
+	fence(t, nodes, 0, 1)
+	p.WaitEvents(t, "the fenced side that can go away", "peer 0", "replaced")
+	c.WaitEvents(t, "the fenced side without GoingAway", "replaced")
+	if _, err := rs[0].Join(ctx, "chat/fence00000003", 0, &late); err != nil {
+		t.Fatal(err)
+	}
+	var other routetest.Socket
+	if _, err := rs[1].Join(ctx, "chat/fence00000003", 1, &other); err != nil {
+		t.Fatal(err)
+	}
+	late.WaitEvents(t, "a side joined after the fence pairs and stays", "peer 1")
+	if ev := c.Events(); len(ev) != 1 {
+		t.Fatalf("a fenced side closed more than once: %q", ev)
+	}
+}
