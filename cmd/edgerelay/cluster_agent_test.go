@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,15 +54,19 @@ func (a *agentCluster) tlsConfig() *tls.Config {
 }
 
 // runtime dials addr as the instance; an error is returned, not fatal, for
-// redials that may meet a node still settling.
-func (a *agentCluster) runtime(addr string) (*agenttest.Connector, error) {
+// redials that may meet a node still settling. tune changes the options.
+func (a *agentCluster) runtime(addr string, tune ...func(*agenttest.Options)) (*agenttest.Connector, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return agenttest.Dial(ctx, agenttest.Options{
+	o := agenttest.Options{
 		Addr: addr, ServerName: "127.0.0.1", RootCAs: a.pool,
 		Token: a.instance.InstanceToken, Instance: a.instance.InstanceID, RelayKey: a.relayKey,
 		HeartbeatEvery: time.Second, HeartbeatTimeout: 3 * time.Second,
-	})
+	}
+	for _, f := range tune {
+		f(&o)
+	}
+	return agenttest.Dial(ctx, o)
 }
 
 // mustRuntime dials the runtime through addr, closed at the test's end.
@@ -281,14 +286,7 @@ func TestClusterAgentAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt2.Close()
-	agentWait(t, 5*time.Second, "routing to the redialled link", func() bool {
-		_ = c1.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping.cargo","id":"p"}`))
-		f, err := rt2.Next(300 * time.Millisecond)
-		for err == nil && f.Type != "ping.cargo" {
-			f, err = rt2.Next(300 * time.Millisecond)
-		}
-		return err == nil && f.Session == s1
-	})
+	agentWait(t, 5*time.Second, "routing to the redialled link", agentRoutes(c1, rt2, s1))
 	// A newer link through node 0 replaces it.
 	rt3, err := a.runtime(nodes[0].addrs["agent"])
 	if err != nil {
@@ -301,6 +299,19 @@ func TestClusterAgentAcrossNodes(t *testing.T) {
 		t.Fatal("the older link on node 2 is still open after a newer one on node 0")
 	}
 	agentRequest(t, a, c1, rt3, "r3")
+}
+
+// agentRoutes is a condition for agentWait: a cargo line from ws reaches
+// rt on session.
+func agentRoutes(ws *websocket.Conn, rt *agenttest.Connector, session string) func() bool {
+	return func() bool {
+		_ = ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping.cargo","id":"p"}`))
+		f, err := rt.Next(300 * time.Millisecond)
+		for err == nil && f.Type != "ping.cargo" {
+			f, err = rt.Next(300 * time.Millisecond)
+		}
+		return err == nil && f.Session == session
+	}
 }
 
 // agentWait polls cond until it holds, or fails t after within.
@@ -367,14 +378,7 @@ func TestClusterAgentNodeDeath(t *testing.T) {
 		return err == nil
 	})
 	defer rt2.Close()
-	agentWait(t, 5*time.Second, "routing after the redial", func() bool {
-		_ = c1.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping.cargo","id":"p"}`))
-		f, err := rt2.Next(300 * time.Millisecond)
-		for err == nil && f.Type != "ping.cargo" {
-			f, err = rt2.Next(300 * time.Millisecond)
-		}
-		return err == nil && f.Session == s1
-	})
+	agentWait(t, 5*time.Second, "routing after the redial", agentRoutes(c1, rt2, s1))
 }
 
 // TestClusterAgentFrozenClient: a client on node 1 that stops reading while
@@ -450,4 +454,73 @@ func TestClusterAgentFrozenClient(t *testing.T) {
 		break
 	}
 	agentRequest(t, a, live, rt, "still-here")
+}
+
+// TestClusterAgentFence: the node holding the runtime's link (and one
+// client of its own) stalls (SIGSTOP) long enough for the others to judge
+// it gone: a client on node 1 gets unknown_instance within 2 s. After
+// SIGCONT the stalled node fences itself: the link it still holds is
+// closed (the runtime was told nothing, and its heartbeats outlast the
+// stall) and its client gets 1001; the runtime redials and the client on
+// node 1 reaches it again.
+func TestClusterAgentFence(t *testing.T) {
+	a := startAgentCluster(t)
+	nodes := a.c.nodes
+	// Heartbeats that outlast the stall: only the fence closes the link.
+	rt, err := a.runtime(nodes[0].addrs["agent"], func(o *agenttest.Options) { o.HeartbeatTimeout = 30 * time.Second })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	c0 := a.mustAttach(t, nodes[0].addrs["agent"])
+	c1 := a.mustAttach(t, nodes[1].addrs["agent"])
+	agentRequest(t, a, c0, rt, "r0")
+	s1 := agentRequest(t, a, c1, rt, "r1")
+	msgs := agentMessages(c1)
+
+	stalled := nodes[0].cmd.Process.Pid
+	if err := syscall.Kill(stalled, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(stalled, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	agentWait(t, 3*time.Second, "unknown_instance on node 1 with the link's node stalled", func() bool { return offlineAnswer(c1, msgs, "off") })
+	if d := time.Since(stopped); d > 2*time.Second {
+		t.Fatalf("unknown_instance %v after the link's node stalled, want within 2 s", d)
+	}
+	t.Logf("unknown_instance %v after SIGSTOP of the link's node", time.Since(stopped))
+	resume()
+	resumedAt := time.Now()
+	select {
+	case <-rt.Done():
+		t.Logf("link closed %v after SIGCONT", time.Since(resumedAt))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the link on the stalled node is still open 5 s after SIGCONT: no fence")
+	}
+	_ = c0.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		_, _, err := c0.ReadMessage()
+		if err == nil {
+			continue
+		}
+		if !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+			t.Fatalf("the stalled node's client: %v, want close 1001", err)
+		}
+		break
+	}
+	// The runtime redials the node it was on; client 1 reaches it again.
+	var rt2 *agenttest.Connector
+	agentWait(t, 20*time.Second, "a redial after the fence", func() bool {
+		rt2, err = a.runtime(nodes[0].addrs["agent"])
+		return err == nil
+	})
+	defer rt2.Close()
+	agentWait(t, 5*time.Second, "routing after the redial", agentRoutes(c1, rt2, s1))
 }

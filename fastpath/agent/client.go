@@ -43,6 +43,8 @@ type attachment struct {
 	live atomic.Bool
 	// detached is set once the instance has been told the client left.
 	detached atomic.Bool
+	// fenced is set when the cluster fenced this node (remoteClient.Fenced).
+	fenced atomic.Bool
 	// charged is this attachment's share of in.queued: what its queue
 	// held when makeRoom last asked, plus the frames routed to it since.
 	charged atomic.Int64
@@ -203,6 +205,9 @@ func (h *Handler) serveClient(a *attachment) {
 	in.publishRoutesLocked()
 	in.mu.Unlock()
 	a.live.Store(true)
+	if a.fenced.Load() {
+		a.conn.Close(ws.CloseGoingAway, fencedReason)
+	}
 	if h.clients.Add(a.conn) {
 		h.m.attachments.Inc()
 		h.readClient(a)

@@ -37,6 +37,7 @@ const (
 	endTruncated = "truncated"
 	endRevoked   = "revoked"
 	endDrain     = "drain"
+	endFenced    = "fenced"
 	endOverflow  = "overflow"
 	endError     = "error"
 )

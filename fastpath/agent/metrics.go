@@ -105,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 var handshakeOutcomes = []string{"welcome", "unknown_instance", "unsupported_version", "malformed", "timeout", "superseded", "store_unavailable", "draining"}
 
-var linkEndReasons = []string{"eof", "replaced", "heartbeat_timeout", "line_too_long", "truncated", "revoked", "drain", "overflow", "error"}
+var linkEndReasons = []string{"eof", "replaced", "heartbeat_timeout", "line_too_long", "truncated", "revoked", "drain", "fenced", "overflow", "error"}
 
 var refusalReasons = []string{"not_upgrade", "no_bearer", "bad_token", "wrong_account", "too_many_attachments", "draining", "store_error"}
 

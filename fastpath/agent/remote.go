@@ -36,6 +36,25 @@ func (r remoteLink) Detached(session []byte) {
 // node.
 func (r remoteLink) Replaced() { r.l.close(endReplaced) }
 
+// Fenced closes the link as a drain does (what is queued is flushed): the
+// other nodes may have judged this one gone and told the link's clients
+// so; the runtime redials into a consistent cluster.
+func (r remoteLink) Fenced() { r.l.close(endFenced) }
+
+// Fenced closes the client with 1001, as a drain does (see
+// remoteLink.Fenced). One fenced before its socket is live is closed as
+// soon as it is (serveClient).
+func (r remoteClient) Fenced() {
+	a := r.a
+	a.fenced.Store(true)
+	if a.live.Load() {
+		a.conn.Close(ws.CloseGoingAway, fencedReason)
+	}
+}
+
+// fencedReason is the close reason of a client closed by a fence.
+const fencedReason = "relay fenced: reconnect"
+
 // remoteClient is an attachment as the route sees it.
 type remoteClient struct {
 	h *Handler

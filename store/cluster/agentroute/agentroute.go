@@ -32,6 +32,12 @@
 //     have led the bucket, whose election takes seconds. A node that
 //     prunes an entry the link's node may not have learnt tells it
 //     (Er-Detach); each client is detached once.
+//   - Fencing: when this node learns the others may have judged it gone
+//     while it ran on (Cluster.OnFenced), it closes every link and client
+//     it holds as a drain does (links flushed and closed, clients 1001):
+//     the others told their ends this node died, so these reconnect into
+//     a consistent cluster, and their end paths give back leases and
+//     slots as always. The ends must implement Fencer.
 //   - Nothing read from NATS ever waits for a socket: lines go to the
 //     handler's bounded queues, which close a slow client with 1013.
 //   - Lines longer than a NATS payload (max_payload, 1 MB by default) go
@@ -108,7 +114,13 @@ type inst struct {
 	holder cluster.Holder // the newest link heard of
 	online bool           // whether holder's link is up
 	holds  map[*linkHold]struct{}
+	atts   map[*attachment]struct{} // this node's clients of it, for the fence
 }
+
+// Fencer is implemented by the links and clients handed to Link and
+// Attach: Fenced closes the socket as a drain does (a link flushed and
+// closed, a client with 1001), without blocking.
+type Fencer interface{ Fenced() }
 
 // New opens the bucket and starts following the peers.
 func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, error) {
@@ -130,6 +142,7 @@ func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, er
 	}
 	r := &Router{c: c, nc: c.Conn(), leases: leases, kv: kv, log: log, chunk: chunk, insts: make(map[string]*inst)}
 	c.OnPeerGone(r.peerGone)
+	c.OnFenced(r.fenced)
 	go r.followReconnects(r.nc.StatusChanged(nats.CONNECTED, nats.CLOSED))
 	return r, nil
 }
@@ -198,7 +211,7 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 		r.mu.Unlock()
 		return i, nil
 	}
-	i = &inst{name: name, in: "er.ag." + name + ".in", ctl: "er.ag." + name + ".ctl", refs: 1, holds: make(map[*linkHold]struct{})}
+	i = &inst{name: name, in: "er.ag." + name + ".in", ctl: "er.ag." + name + ".ctl", refs: 1, holds: make(map[*linkHold]struct{}), atts: make(map[*attachment]struct{})}
 	r.insts[name] = i
 	// Subscribed under the lock, so that a second reference does not
 	// use the entry before it follows .ctl.
@@ -321,6 +334,36 @@ func (r *Router) peerGone(node, incarnation string) {
 			cancel()
 		}
 	}()
+}
+
+// fenced closes every link and client of this node (see Fencer): the
+// others may have judged it gone and told their ends so. Called from the
+// peers' goroutines: the closes only start the sockets' ends.
+func (r *Router) fenced() {
+	var ends []Fencer
+	add := func(e any) {
+		if f, ok := e.(Fencer); ok {
+			ends = append(ends, f)
+		}
+	}
+	r.mu.Lock()
+	for _, i := range r.insts {
+		i.mu.Lock()
+		for lh := range i.holds {
+			add(lh.l)
+		}
+		for a := range i.atts {
+			add(a.c)
+		}
+		i.mu.Unlock()
+	}
+	r.mu.Unlock()
+	for _, f := range ends {
+		f.Fenced()
+	}
+	if len(ends) > 0 {
+		r.log.Warn("agent: fenced: links and clients closed to reconnect", "sockets", len(ends))
+	}
 }
 
 // publish sends line to subject, in chunks if it is longer than a
@@ -797,7 +840,7 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 		r.unref(i)
 		return nil, err
 	}
-	a := &attachment{r: r, i: i, session: session}
+	a := &attachment{r: r, i: i, c: c, session: session}
 	var ra reassembler
 	a.sub, err = r.nc.Subscribe("er.ag."+name+".s."+session, func(m *nats.Msg) {
 		if line := ra.add(m); line != nil {
@@ -808,6 +851,9 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 		a.free()
 		return nil, cluster.Fail("agent: subscribe session", err)
 	}
+	i.mu.Lock()
+	i.atts[a] = struct{}{}
+	i.mu.Unlock()
 	// The link's node, if another, learns where this client is, to detach
 	// it should this node die.
 	m := &nats.Msg{Subject: i.in, Header: nats.Header{}}
@@ -845,6 +891,7 @@ func (r *Router) Status(ctx context.Context, name string) (online bool, attachme
 type attachment struct {
 	r       *Router
 	i       *inst
+	c       route.AgentClient
 	session string
 	sub     *nats.Subscription
 	left    atomic.Bool
@@ -866,6 +913,9 @@ func (a *attachment) Leave(detach []byte) {
 	if a.sub != nil {
 		_ = a.sub.Unsubscribe()
 	}
+	a.i.mu.Lock()
+	delete(a.i.atts, a)
+	a.i.mu.Unlock()
 	if detach != nil && a.r.remoteLink(a.i) && len(detach) <= a.r.chunk {
 		// Copied into the connection's buffer before PublishMsg returns.
 		m := &nats.Msg{Subject: a.i.in, Data: detach, Header: nats.Header{}}
