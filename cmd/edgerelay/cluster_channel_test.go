@@ -437,3 +437,51 @@ func TestClusterChannelSIGKILL(t *testing.T) {
 		t.Fatalf("after the reconnect the phone got %q", got)
 	}
 }
+
+// TestClusterChannelFence: the node holding a control socket stalls past
+// the peers' silence (SIGSTOP): its phones on the other nodes close 1001
+// within 2 s; once it runs again it fences itself and closes the control
+// socket (1001, as a drain); the computer reconnects through that node and
+// a phone on another node reaches it again, both ways.
+func TestClusterChannelFence(t *testing.T) {
+	t.Parallel()
+	c := startRelayCluster(t, 3, []string{"channel"})
+	addr := func(i int) string { return c.nodes[i].addrs["channel"] }
+	a := ccClaim(t, c, addChannelKeys(t, c, "cf", 1))[0]
+	ctl := ccHost(t, addr(0), a.owner)
+	p1, _ := ccPhone(t, addr(1), a.phone, ctl)
+	p2, _ := ccPhone(t, addr(2), a.phone, ctl)
+	waitBeats(t, c, 0)
+
+	stopped := time.Now()
+	resume := stall(t, c.nodes[0])
+	for i, p := range []*websocket.Conn{p1, p2} {
+		if code, err := ccCloseErr(p, 5*time.Second); code != websocket.CloseGoingAway {
+			t.Fatalf("phone on node %d while its computer's node is stalled: %d (%v), want 1001", i+1, code, err)
+		}
+		if d := time.Since(stopped); d > 2*time.Second {
+			t.Fatalf("phone on node %d: 1001 %v after the stall, want within 2 s", i+1, d)
+		}
+	}
+	resume()
+	if code, err := ccCloseErr(ctl, 5*time.Second); code != websocket.CloseGoingAway {
+		t.Fatalf("control socket on the fenced node: %d (%v), want 1001", code, err)
+	}
+
+	var ctl2 *websocket.Conn
+	ccWait(t, "the control socket again through the fenced node", 10*time.Second, func() bool {
+		conn, _, err := ccDial(addr(0), "/host", a.owner)
+		ctl2 = conn
+		return err == nil
+	})
+	defer ctl2.Close()
+	phone, id := ccPhone(t, addr(2), a.phone, ctl2)
+	ccSend(t, phone, "back")
+	if m := ccRead(t, ctl2); m.Type != "data" || m.ID != id || m.Data != "back" {
+		t.Fatalf("after the fence the computer got %+v", m)
+	}
+	ccSendCtl(t, ctl2, "data", id, "and forth")
+	if got := ccReadText(t, phone); got != "and forth" {
+		t.Fatalf("after the fence the phone got %q", got)
+	}
+}

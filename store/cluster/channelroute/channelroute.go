@@ -26,6 +26,13 @@
 //   - Same node: a phone whose computer is on its own node is routed by
 //     the embedded route.LocalChannel and never touches NATS.
 //
+// Fencing: when this node learns the others may have judged it gone while
+// it ran on (cluster.OnFenced), they closed its computers' phones and
+// dropped their phones here. Every control socket and every phone of
+// another node's computer held here closes as on a drain (1001); the
+// handler's End paths then release the leases and tell the computers, and
+// the clients reconnect into a cluster that agrees.
+//
 // The NATS callbacks never block on a socket: they queue onto the
 // socket's bounded send queue (ws.Conn.WriteText), which drops that
 // socket alone on overflow, as on one node.
@@ -92,10 +99,12 @@ type Router struct {
 	scratch sync.Pool
 
 	// mu guards the two tables of the sockets whose other end is on
-	// another node, kept for that node's death.
+	// another node, kept for that node's death, and the computers served
+	// here, kept for a fence.
 	mu     sync.Mutex
 	hosted map[peer]map[*hostedPhone]struct{} // phones of our computers, by the phone's node
 	away   map[peer]map[*awayPhone]struct{}   // our phones, by their computer's node
+	hosts  map[*host]struct{}                 // our computers, from their lease to their End
 }
 
 var _ route.Channel = (*Router)(nil)
@@ -127,9 +136,11 @@ func New(ctx context.Context, c *cluster.Cluster, cfg Config) (*Router, error) {
 		me:     peer{c.Node(), c.Incarnation()},
 		hosted: make(map[peer]map[*hostedPhone]struct{}),
 		away:   make(map[peer]map[*awayPhone]struct{}),
+		hosts:  make(map[*host]struct{}),
 	}
 	r.scratch.New = func() any { b := make([]byte, 0, 2048); return &b }
 	c.OnPeerGone(r.peerGone)
+	c.OnFenced(r.fenced)
 	r.stop = make(chan struct{})
 	r.swept = make(chan struct{})
 	go r.sweep()
@@ -273,6 +284,9 @@ func (r *Router) Host(ctx context.Context, key store.Hash) (route.ChannelHost, e
 		return nil, err
 	}
 	h.lease = me
+	r.mu.Lock()
+	r.hosts[h] = struct{}{}
+	r.mu.Unlock()
 	// .up first: a phone admitted through .open publishes to .up next,
 	// and interest in .up reaches its server before the answer does.
 	for _, s := range []struct {
@@ -342,6 +356,9 @@ func (h *host) End() {
 	phones := h.phones
 	h.phones = make(map[control.ID]*hostedPhone)
 	h.mu.Unlock()
+	h.r.mu.Lock() // not under h.mu: fenced takes r.mu, then h.mu
+	delete(h.r.hosts, h)
+	h.r.mu.Unlock()
 	for _, s := range subs {
 		_ = s.Unsubscribe()
 	}
@@ -686,5 +703,38 @@ func (r *Router) peerGone(node, inc string) {
 		if conn != nil {
 			conn.Close(1001, "computer offline")
 		}
+	}
+}
+
+// fenced closes the sockets this node held before the fence (see the
+// package comment): every attached control socket (its phones here close
+// with it, those on other nodes through their subjects) and every phone
+// whose computer is on another node. Called on the beat goroutine or
+// NATS's: it only queues closes.
+func (r *Router) fenced() {
+	var socks []route.ChannelSink
+	r.mu.Lock()
+	for h := range r.hosts {
+		h.mu.Lock()
+		if h.ctl != nil {
+			socks = append(socks, h.ctl)
+		}
+		h.mu.Unlock()
+	}
+	for _, set := range r.away {
+		for p := range set {
+			p.mu.Lock()
+			if p.conn != nil {
+				socks = append(socks, p.conn)
+			}
+			p.mu.Unlock()
+		}
+	}
+	r.mu.Unlock()
+	if len(socks) > 0 {
+		r.log.Info("channel: node fenced", "sockets_closed", len(socks))
+	}
+	for _, s := range socks {
+		s.Close(1001, "relay going away")
 	}
 }

@@ -444,3 +444,52 @@ func TestComputerGoneBeforeOpen(t *testing.T) {
 	}
 	p.End()
 }
+
+// fence makes node i fence itself: node j says it judged i gone (the
+// notice of store/cluster/peers.go, sent on er.node.judged).
+func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
+	t.Helper()
+	a, b := nodes.Node(i), nodes.Node(j)
+	if err := b.Conn().Publish("er.node.judged", []byte(a.Node()+" "+a.Incarnation()+" "+b.Node()+" "+b.Incarnation())); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFenceClosesTheSocketsHere: a fenced node closes with 1001 its
+// control socket and its phone of another node's computer; another node's
+// sockets stay, and a control socket opened after the fence is served.
+func TestFenceClosesTheSocketsHere(t *testing.T) {
+	nodes := clustertest.Start(t, 2)
+	rs := routers(t, nodes)
+	key, other := newKey(t), newKey(t)
+	h, ctl := host(t, rs[0], key)
+	_, octl := host(t, rs[1], other)
+	_, _, away := phone(t, rs[0], other, octl) // its computer on node 1
+	_, _, kept := phone(t, rs[1], other, octl) // all on node 1
+	fence(t, nodes, 0, 1)
+	if code := ctl.waitClosed(t, 2*time.Second); code != 1001 {
+		t.Fatalf("fenced control socket: %d, want 1001", code)
+	}
+	if code := away.waitClosed(t, 2*time.Second); code != 1001 {
+		t.Fatalf("fenced phone of node 1's computer: %d, want 1001", code)
+	}
+	h.End() // what the handler does when the control socket ends
+	select {
+	case <-octl.closed:
+		t.Fatal("node 1's control socket closed by node 0's fence")
+	case <-kept.closed:
+		t.Fatal("node 1's phone closed by node 0's fence")
+	default:
+	}
+	// The lease was given back: the computer is served again, here.
+	_, ctl2 := host(t, rs[0], key)
+	phone(t, rs[1], key, ctl2)
+	select {
+	case <-ctl2.closed:
+		t.Fatal("a control socket opened after the fence was closed")
+	default:
+	}
+}
