@@ -19,9 +19,9 @@
 //     (and reads the lease when it first needs the instance), so it answers
 //     unknown_instance itself while no live node holds the link: after an
 //     offline, or as soon as the peers say the holder's node is gone.
-//   - A link given back keeps its generation in the lease (under the
-//     incarnation "released"), so that the next link anywhere is newer;
-//     after a NATS reconnect every lease followed is read again.
+//   - A link given back keeps its generation in the lease (Leases.Release),
+//     so that the next link anywhere is newer; after a NATS reconnect
+//     every lease followed is read again.
 //   - The attachment limit is exact over the cluster, offline too: slots
 //     are taken and given back by compare-and-set of att.<inst>. Entries of
 //     a node that is gone are pruned by whoever changes the set next.
@@ -175,7 +175,7 @@ func (r *Router) refresh() {
 			r.log.Warn("agent: link state not read again after a reconnect", "instance", i.name, "err", err)
 			continue
 		}
-		if heldBy(h, live) {
+		if live {
 			i.heard(h, true)
 			continue
 		}
@@ -230,7 +230,7 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 		r.unref(i)
 		return nil, err
 	}
-	if heldBy(h, ok) {
+	if ok {
 		i.heard(h, true)
 	}
 	return i, nil
@@ -502,7 +502,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		}
 	})
 	if err != nil {
-		_ = r.releaseLink(ctx, name, me)
+		_ = r.leases.Release(ctx, "link."+name, me)
 		r.unref(i)
 		return nil, cluster.Fail("agent: serve "+i.in, err)
 	}
@@ -517,7 +517,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		}
 	} else if !cluster.Absent(err) {
 		_ = sub.Unsubscribe()
-		_ = r.releaseLink(ctx, name, me)
+		_ = r.leases.Release(ctx, "link."+name, me)
 		r.unref(i)
 		return nil, cluster.Fail("agent: read att."+name, err)
 	}
@@ -655,50 +655,12 @@ func (lh *linkHold) Release() {
 			r.log.Warn("agent: link offline not announced", "instance", i.name, "err", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		if err := r.releaseLink(ctx, i.name, lh.me); err != nil {
+		if err := r.leases.Release(ctx, "link."+i.name, lh.me); err != nil {
 			r.log.Warn("agent: link lease not released", "instance", i.name, "err", err)
 		}
 		cancel()
 		r.unref(i)
 	})
-}
-
-// released is the incarnation of a lease given back. Never a live one,
-// though PeerAlive takes any holder for alive in a node's first moments,
-// before it has heard the peers: hence heldBy.
-const released = "released"
-
-// heldBy is a lease's holder as Leases.Holder reads it, less a lease
-// given back.
-func heldBy(h cluster.Holder, live bool) bool { return live && h.Incarnation != released }
-
-// releaseLink gives the link's lease up if me still holds it. Not
-// Leases.Release, which deletes the key: the next hold would start again
-// at generation 1, and nodes that heard of a higher one would take the
-// new link for older news. The key keeps the generation under a holder
-// that is never alive (this node under an incarnation it never has).
-func (r *Router) releaseLink(ctx context.Context, name string, me cluster.Holder) error {
-	key := "link." + name
-	held := me.Node + " " + me.Incarnation + " " + strconv.FormatUint(me.Gen, 10)
-	for range 32 {
-		e, err := r.kv.Get(ctx, key)
-		switch {
-		case cluster.Absent(err):
-			return nil
-		case err != nil:
-			return cluster.Fail("agent: release "+key, err)
-		case string(e.Value()) != held:
-			return nil // a newer hold
-		}
-		_, err = r.kv.Update(ctx, key, []byte(me.Node+" "+released+" "+strconv.FormatUint(me.Gen, 10)), e.Revision())
-		if err == nil {
-			return nil
-		}
-		if !cluster.Conflict(err) {
-			return cluster.Fail("agent: release "+key, err)
-		}
-	}
-	return cluster.Fail("agent: release "+key, errors.New("no write after 32 contended rounds"))
 }
 
 type noHold struct{}
@@ -868,7 +830,7 @@ func (r *Router) Status(ctx context.Context, name string) (online bool, attachme
 	if !cluster.SubjectToken(name) {
 		return false, 0, false, nil
 	}
-	h, live, err := r.leases.Holder(ctx, "link."+name)
+	_, live, err := r.leases.Holder(ctx, "link."+name)
 	if err != nil {
 		return false, 0, false, err
 	}
@@ -884,7 +846,7 @@ func (r *Router) Status(ctx context.Context, name string) (online bool, attachme
 			}
 		}
 	}
-	return heldBy(h, live), attachments, true, nil
+	return live, attachments, true, nil
 }
 
 // attachment is a client of this node holding a slot.
