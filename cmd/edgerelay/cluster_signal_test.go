@@ -251,3 +251,133 @@ func TestClusterSignalFence(t *testing.T) {
 		}
 	}
 }
+
+// signalNodes is, for each node, its open signal sockets (/metrics).
+func signalNodes(t *testing.T, c *relayCluster) []int {
+	t.Helper()
+	var out []int
+	for _, n := range c.nodes {
+		out = append(out, int(hostileMetric(t, n, "edgerelay_mailbox_signal_sockets")))
+	}
+	return out
+}
+
+// sendFrames writes numbered binary frames to c every 5 ms until stop,
+// then closes done (c's only writer meanwhile).
+func sendFrames(c *websocket.Conn, prefix string, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if c.WriteMessage(websocket.BinaryMessage, fmt.Appendf(nil, "%s %d", prefix, i)) != nil {
+			return
+		}
+	}
+}
+
+// sideNode waits until the signal sockets per node are want in total
+// and returns the node that got one since before (nil: none yet).
+func sideNode(t *testing.T, c *relayCluster, before []int, want int) (int, []int) {
+	t.Helper()
+	var now []int
+	ccWait(t, fmt.Sprintf("%d signal sockets in the cluster", want), 5*time.Second, func() bool {
+		now = signalNodes(t, c)
+		return now[0]+now[1]+now[2] == want
+	})
+	for i := range now {
+		if before == nil && now[i] == 1 || before != nil && now[i] > before[i] {
+			return i, now
+		}
+	}
+	t.Fatalf("no node gained a signal socket: %v then %v", before, now)
+	return -1, nil
+}
+
+// TestClusterSignalSIGKILL: both sides through HAProxy (round robin puts
+// them on two nodes), frames flowing both ways; kill -9 of the
+// companion's node gives the primary peer 0 within 2 s, and a companion
+// reconnecting through the balancer pairs again, frames both ways.
+func TestClusterSignalSIGKILL(t *testing.T) {
+	t.Parallel()
+	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterMailboxEnv...)
+	lb := startHAProxy(t, c, "mailbox")
+	for _, n := range c.nodes {
+		waitReadyz(t, n, http.StatusOK, 30*time.Second)
+	}
+	through := "http://" + lb.addrs["mailbox"]
+	l := newClusterLink(t, "talk")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(c.nodes[0].origin("mailbox"), ""), nil, ""), 201, "")
+	p := mailboxConn(t, l, through, "/signal/primary", websocket.DefaultDialer)
+	pNode, before := sideNode(t, c, nil, 1)
+	comp := mailboxConn(t, l, through, "/signal/companion", websocket.DefaultDialer)
+	cNode, _ := sideNode(t, c, before, 2)
+	if cNode == pNode {
+		t.Fatalf("both sides on node %d: the balancer is not round robin", pNode)
+	}
+	wantPeer(t, "primary through the balancer", p, "peer 1")
+	wantPeer(t, "companion through the balancer", comp, "peer 1")
+	waitBeats(t, c, cNode)
+
+	stop := make(chan struct{})
+	pDone, cDone := make(chan struct{}), make(chan struct{})
+	go sendFrames(p, "from primary", stop, pDone)
+	go sendFrames(comp, "from companion", stop, cDone)
+	go func() { // the companion reads until its node dies
+		for {
+			if _, _, err := comp.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	frames := 0
+	for frames < 20 {
+		if typ, msg := readSignal(t, "the companion's frames", p); typ != websocket.BinaryMessage || !bytes.HasPrefix(msg, []byte("from companion ")) {
+			t.Fatalf("the primary got %d %q, want the companion's frames", typ, msg)
+		}
+		frames++
+	}
+	killed := time.Now()
+	c.nodes[cNode].kill()
+	for {
+		typ, msg := readSignal(t, "the primary when the companion's node died", p)
+		if typ == websocket.BinaryMessage {
+			continue // frames sent before the kill
+		}
+		if string(msg) != "peer 0" {
+			t.Fatalf("the primary got %q, want peer 0", msg)
+		}
+		break
+	}
+	if d := time.Since(killed); d > 2*time.Second {
+		t.Fatalf("peer 0 %v after the companion's node died, want within 2 s", d)
+	}
+	close(stop)
+	<-pDone
+	<-cDone
+
+	// The balancer takes the dead node out within a second; until then a
+	// dial may reach it and fail.
+	var comp2 *websocket.Conn
+	ccWait(t, "a companion through the balancer", 10*time.Second, func() bool {
+		d := websocket.Dialer{Subprotocols: []string{sdkmailbox.Subprotocol}, HandshakeTimeout: 2 * time.Second}
+		u := "ws" + strings.TrimPrefix(l.url(through, "/signal/companion"), "http")
+		conn, _, err := d.Dial(u, http.Header{"Authorization": {"Bearer " + l.token}})
+		comp2 = conn
+		return err == nil
+	})
+	defer comp2.Close()
+	wantPeer(t, "the primary when the companion came back", p, "peer 1")
+	wantPeer(t, "the companion back through the balancer", comp2, "peer 1")
+	for i, pair := range [][2]*websocket.Conn{{p, comp2}, {comp2, p}} {
+		msg := fmt.Appendf(nil, "after the kill %d", i)
+		if err := pair[0].WriteMessage(websocket.BinaryMessage, msg); err != nil {
+			t.Fatal(err)
+		}
+		if typ, got := readSignal(t, "a frame after the kill", pair[1]); typ != websocket.BinaryMessage || !bytes.Equal(got, msg) {
+			t.Fatalf("after the kill: %d %q, want %q", typ, got, msg)
+		}
+	}
+}
