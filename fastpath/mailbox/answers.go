@@ -44,6 +44,9 @@ var (
 // garbage) in the mailbox's error shape. Use it as the listener's
 // ErrorHandler.
 func (h *Handler) ServeError(ctx *fasthttp.RequestCtx, err error) {
+	// A page must be able to read a 413 too, so that it can tell an
+	// envelope too large from a network failure.
+	h.cfg.CORS.Decorate(ctx)
 	switch status, _ := server.Refusal(err); status {
 	case fasthttp.StatusRequestHeaderFieldsTooLarge:
 		errHeadersTooLarge.answer(ctx)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/cors"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/ws"
 	routes "edgerelay/route"
@@ -53,6 +54,9 @@ type Config struct {
 	// Now is the clock (time.Now by default); tests move it to refill
 	// buckets and expire mailboxes.
 	Now func() time.Time
+	// CORS lets pages on other origins call the endpoints
+	// (cors.New(RELAY_CORS_ORIGINS, CORSRules())); nil is off.
+	CORS *cors.Policy
 }
 
 // Handler serves the mailbox endpoints.
@@ -146,6 +150,12 @@ func New(cfg Config) (*Handler, error) {
 
 // ServeHTTP routes one request.
 func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
+	// A browser's preflight carries no bearer: it is answered before
+	// anything is parsed or authorized, and keeps nothing.
+	if h.cfg.CORS.Preflight(ctx) {
+		return
+	}
+	h.cfg.CORS.Decorate(ctx)
 	r, problem := parsePath(ctx.Path(), h.apps)
 	switch problem {
 	case pathNotFound:

@@ -17,6 +17,7 @@ import (
 	"github.com/fasthttp/websocket"
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/cors"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
 	"edgerelay/store/mailboxlocal"
@@ -54,6 +55,7 @@ type opts struct {
 	push                             mailbox.Pushers
 	envelopeCache                    int // bytes; 0 the default, negative none
 	metrics                          *mailbox.Metrics
+	cors                             *cors.Policy
 }
 
 func start(t testing.TB, o opts) *relay {
@@ -89,7 +91,7 @@ func start(t testing.TB, o opts) *relay {
 	h, err := mailbox.New(mailbox.Config{
 		Store: mailboxes, Apps: apps, MaxEnvelope: o.maxEnvelope,
 		MaxBehind: o.maxBehind, PingInterval: o.ping, SilenceTimeout: o.silence, Now: c.now, ICE: ice, Push: o.push, DetachSockets: true,
-		Metrics: o.metrics,
+		Metrics: o.metrics, CORS: o.cors,
 	})
 	if err != nil {
 		t.Fatal(err)
