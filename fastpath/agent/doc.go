@@ -34,9 +34,11 @@
 // an end it does not hold it asks Config.Route (route.Agent): on a single
 // node nothing (route.AgentLocal), in a cluster another node
 // (store/cluster/agentroute). Lines from another node are queued without
-// waiting: one for a client overflows it as above (1013), one for a link
-// whose queue is full is dropped, as the route's reader must not wait for
-// a runtime that stopped reading.
+// waiting, as the route's reader must not wait for a socket: one for a
+// client overflows it as above (1013); one from a client for a link whose
+// queue is full closes that client with 1013 and detaches it (a client
+// here would wait for room instead), and the runtime and the other
+// clients flow on.
 //
 // Handler serves the three endpoints (/v1/connect, /v1/attach/<id>,
 // /v1/pair/redeem); Keys is the operator's management of accounts, pairing

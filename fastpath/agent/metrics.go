@@ -19,7 +19,7 @@ type Metrics struct {
 	// Resolved once, so that the routing path does no label lookup.
 	dropLinkMalformed, dropNoSession, dropUnknownSession, dropWrongInstance prometheus.Counter
 	dropClientMalformed, dropOffline, dropTooLong, dropClientOverflow       prometheus.Counter
-	slowClientQueue, slowClientInstance                                     prometheus.Counter
+	slowClientQueue, slowClientInstance, slowClientLink                     prometheus.Counter
 }
 
 // Reasons a routed frame is dropped.
@@ -96,6 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.dropClientOverflow = m.dropped.WithLabelValues("client_overflow")
 	m.slowClientQueue = m.slowClosed.WithLabelValues("client")
 	m.slowClientInstance = m.slowClosed.WithLabelValues("instance")
+	m.slowClientLink = m.slowClosed.WithLabelValues("link")
 	if reg != nil {
 		reg.MustRegister(m.links, m.attachments, m.toClient, m.toInstance, m.handshakes, m.linkEnds,
 			m.refused, m.redeems, m.dropped, m.slowClosed)

@@ -12,18 +12,26 @@ import (
 // calls it from its NATS callbacks.
 type remoteLink struct{ l *link }
 
-// Deliver queues a client's line from another node. A link queue with no
-// room drops it (a client here would wait; one elsewhere cannot, as the
-// route's reader must never block on a socket). Within the bound, as a
-// client here: the reserve above it stays for the relay's own frames
-// (acks, detaches), which would otherwise find it full and drop the link.
-func (r remoteLink) Deliver(line []byte) {
+// Deliver queues a client's line from another node (Offer).
+func (r remoteLink) Deliver(line []byte) { r.Offer(line) }
+
+// Offer queues a client's line from another node if it fits, and reports
+// false when the queue had no room: the route then closes that client (a
+// client here would wait, but the route's reader must never wait for a
+// runtime that stopped reading). A link that is closing drops the line
+// (true: nothing for the route to do). Within the bound, as a client
+// here: the reserve above it stays for the relay's own frames (acks,
+// detaches), which would otherwise find it full and drop the link.
+func (r remoteLink) Offer(line []byte) bool {
 	l := r.l
 	if err := l.q.Put(line, true, l.h.nowait); err != nil {
+		// With nowait a full queue is ErrClosed too: l.closed, set before
+		// the queue closes, tells the two apart.
 		l.h.m.dropOffline.Inc()
-		return
+		return l.closed.Load()
 	}
 	l.h.m.toInstance.Inc()
+	return true
 }
 
 // Detached tells the runtime that a client on a node that died is gone.
@@ -54,6 +62,18 @@ func (r remoteClient) Fenced() {
 
 // fencedReason is the close reason of a client closed by a fence.
 const fencedReason = "relay fenced: reconnect"
+
+// Overflowed closes the client with 1013 and detaches it: its line did
+// not fit the queue of its instance's link on another node.
+func (r remoteClient) Overflowed() {
+	a := r.a
+	if !a.live.Load() || a.detached.Load() {
+		return
+	}
+	r.h.m.slowClientLink.Inc()
+	a.conn.CloseOverflow()
+	r.h.detach(a, nil)
+}
 
 // remoteClient is an attachment as the route sees it.
 type remoteClient struct {

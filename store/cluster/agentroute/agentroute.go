@@ -40,6 +40,16 @@
 //     slots as always. The ends must implement Fencer.
 //   - Nothing read from NATS ever waits for a socket: lines go to the
 //     handler's bounded queues, which close a slow client with 1013.
+//   - Flow control from a client to a link on another node: a client here
+//     waits for room in a link on its own node's queue, but one elsewhere
+//     cannot (the link's node reads NATS, which must not wait). So a line
+//     that does not fit the link's queue (FlowLink.Offer) closes the client
+//     that sent it, as at a client's own queue bound: the link's node tells
+//     the runtime acp.detach at once (from the queue's reserve), drops that
+//     client's lines still in flight, and tells the client's node
+//     (Er-Overflow on the session's subject), which closes it with 1013 and
+//     gives its slot back. The runtime, the link and the other clients flow
+//     on; the client's own acp.detach is not sent twice.
 //   - Lines longer than a NATS payload (max_payload, 1 MB by default) go
 //     as chunks with an Er-Chunk header "<node>/<msgid>/<i>/<n>", in order
 //     on this node's one connection, and are reassembled by the receiving
@@ -76,6 +86,8 @@ const (
 	hdrAttach = "Er-Attach" // on .in: "<session> <node> <incarnation>" attached
 	hdrLeft   = "Er-Left"   // on .in, on a client's acp.detach: "<session>"
 	hdrDetach = "Er-Detach" // on .in: "<session>", whose node is gone
+	// on .s.<session>: the client overflowed the link's queue
+	hdrOverflow = "Er-Overflow"
 )
 
 // maxPartial bounds the bytes one subscription holds of lines still in
@@ -121,6 +133,16 @@ type inst struct {
 // Attach: Fenced closes the socket as a drain does (a link flushed and
 // closed, a client with 1001), without blocking.
 type Fencer interface{ Fenced() }
+
+// FlowLink is implemented by the links handed to Link: Offer queues a
+// client's line within the link's bound, without waiting, and reports
+// whether it fitted. A link without it takes every line (Deliver).
+type FlowLink interface{ Offer(line []byte) bool }
+
+// Overflower is implemented by the clients handed to Attach: Overflowed
+// closes the client with 1013 and detaches it (its line did not fit the
+// link's queue on another node), without blocking.
+type Overflower interface{ Overflowed() }
 
 // New opens the bucket and starts following the peers.
 func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, error) {
@@ -477,7 +499,7 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 		r.unref(i)
 		return nil, err
 	}
-	lh := &linkHold{r: r, i: i, l: l, me: me, subjects: make(map[string]string), clients: make(map[string]attEntry), ended: make(map[string]struct{})}
+	lh := &linkHold{r: r, i: i, l: l, me: me, subjects: make(map[string]string), clients: make(map[string]attEntry), ended: make(map[string]struct{}), overflowed: make(map[string]struct{})}
 	var ra reassembler
 	sub, err := r.nc.Subscribe(i.in, func(m *nats.Msg) {
 		if m.Header != nil {
@@ -493,12 +515,12 @@ func (r *Router) Link(ctx context.Context, name string, l route.AgentLink) (rout
 				}
 				return
 			}
-			if v := m.Header.Get(hdrLeft); v != "" {
-				lh.forget(v)
+			if v := m.Header.Get(hdrLeft); v != "" && !lh.forget(v) {
+				return // told already (it overflowed): no second acp.detach
 			}
 		}
 		if line := ra.add(m); line != nil {
-			l.Deliver(line)
+			lh.deliver(line)
 		}
 	})
 	if err != nil {
@@ -565,6 +587,11 @@ type linkHold struct {
 	mu      sync.Mutex
 	clients map[string]attEntry
 	ended   map[string]struct{}
+	// overflowed are the clients closed for overflowing the link's queue
+	// whose own acp.detach (Er-Left) has not come yet; dropping is its
+	// size, read without the lock per line.
+	overflowed map[string]struct{}
+	dropping   atomic.Int32
 }
 
 // maxEnded bounds ended; past it the oldest knowledge is dropped (a slot
@@ -589,11 +616,84 @@ func (lh *linkHold) endLocked(session string) {
 	lh.ended[session] = struct{}{}
 }
 
-// forget drops a client that left (its acp.detach follows as a line).
-func (lh *linkHold) forget(session string) {
+// forget drops a client that left (its acp.detach follows as a line) and
+// reports whether the link is still to be told (its acp.detach is to go).
+func (lh *linkHold) forget(session string) bool {
 	lh.mu.Lock()
+	defer lh.mu.Unlock()
+	_, overflowed := lh.overflowed[session]
+	if overflowed {
+		delete(lh.overflowed, session)
+		lh.dropping.Store(int32(len(lh.overflowed)))
+	}
 	lh.endLocked(session)
+	return !overflowed
+}
+
+// deliver hands a client's line to the link; one that does not fit closes
+// its client (see the package comment). Called by the .in subscription's
+// goroutine only.
+func (lh *linkHold) deliver(line []byte) {
+	fl, ok := lh.l.(FlowLink)
+	if !ok {
+		lh.l.Deliver(line)
+		return
+	}
+	// The lines of a client that overflowed, still in flight, are dropped
+	// (the runtime was told it left); a scan per line only meanwhile.
+	if lh.dropping.Load() > 0 {
+		if sess := sessionOf(line); sess != nil && lh.isOverflowed(sess) {
+			return
+		}
+	}
+	if fl.Offer(line) {
+		return
+	}
+	sess := sessionOf(line)
+	if sess == nil || !safeSession(sess) {
+		return // not a client's line: dropped, as ever
+	}
+	lh.overflow(string(sess))
+}
+
+// sessionOf is the session a client's line was spliced with, or nil.
+func sessionOf(line []byte) []byte {
+	f, err := ndjson.Scan(line)
+	if err != nil || !f.Session.Present() || f.Session.Escaped {
+		return nil
+	}
+	return f.Session.Raw(line)
+}
+
+func (lh *linkHold) isOverflowed(session []byte) bool {
+	lh.mu.Lock()
+	defer lh.mu.Unlock()
+	_, ok := lh.overflowed[string(session)]
+	return ok
+}
+
+// overflow ends a client whose line did not fit the link's queue: the
+// runtime is told at once, the client's node closes it.
+func (lh *linkHold) overflow(session string) {
+	lh.mu.Lock()
+	_, done := lh.ended[session]
+	if !done {
+		lh.endLocked(session)
+		if len(lh.overflowed) >= maxEnded {
+			clear(lh.overflowed)
+		}
+		lh.overflowed[session] = struct{}{}
+		lh.dropping.Store(int32(len(lh.overflowed)))
+	}
 	lh.mu.Unlock()
+	if done {
+		return
+	}
+	lh.r.log.Info("agent: client closed: its line did not fit the link's queue on another node", "instance", lh.i.name, "session", session)
+	lh.l.Detached([]byte(session))
+	m := &nats.Msg{Subject: "er.ag." + lh.i.name + ".s." + session, Header: nats.Header{}}
+	m.Header.Set(hdrOverflow, "1")
+	_ = lh.r.nc.PublishMsg(m)
 }
 
 // detached tells the link, once, that a client has gone without saying
@@ -805,6 +905,12 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 	a := &attachment{r: r, i: i, c: c, session: session}
 	var ra reassembler
 	a.sub, err = r.nc.Subscribe("er.ag."+name+".s."+session, func(m *nats.Msg) {
+		if m.Header != nil && m.Header.Get(hdrOverflow) != "" {
+			if o, ok := c.(Overflower); ok {
+				o.Overflowed()
+			}
+			return
+		}
 		if line := ra.add(m); line != nil {
 			c.Deliver(line)
 		}
@@ -861,7 +967,7 @@ type attachment struct {
 
 // ToInstance implements route.AgentAttachment.
 func (a *attachment) ToInstance(line []byte) bool {
-	if !a.r.remoteLink(a.i) {
+	if a.left.Load() || !a.r.remoteLink(a.i) {
 		return false
 	}
 	return a.r.publish(a.i.in, line) == nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -383,4 +384,106 @@ func TestAgentRouteStuckClient(t *testing.T) {
 		hold.ToSession([]byte(session(2)), line)
 	}
 	waitFor(t, 5*time.Second, "every line at the client that reads", func() bool { n, _, _ := ok.count(); return n == 1000 })
+}
+
+// flowLink is a link whose queue is full while full is set (FlowLink).
+type flowLink struct {
+	sink
+	full atomic.Bool
+}
+
+func (f *flowLink) Offer(line []byte) bool {
+	if f.full.Load() {
+		return false
+	}
+	f.Deliver(line)
+	return true
+}
+
+// overflowClient counts Overflowed calls (Overflower).
+type overflowClient struct {
+	sink
+	overflowed atomic.Int32
+}
+
+func (c *overflowClient) Overflowed() { c.overflowed.Add(1) }
+
+// TestAgentRouteClientOverflowsLink: a client's line that does not fit the
+// queue of the link on another node closes that client (Overflowed on its
+// node) and tells the runtime acp.detach at once; its lines still in
+// flight are dropped, its own acp.detach is not sent twice, and another
+// client's lines flow on.
+func TestAgentRouteClientOverflowsLink(t *testing.T) {
+	_, rs := routers(t)
+	ctx := clustertest.Context(t)
+	var link flowLink
+	var flooder, calm overflowClient
+	hold, err := rs[0].Link(ctx, inst, &link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Release()
+	af, err := rs[1].Attach(ctx, inst, session(1), 64, &flooder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := rs[1].Attach(ctx, inst, session(2), 64, &calm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reach(t, hold, session(1), &flooder.sink)
+	line := func(sess, what string) []byte {
+		return []byte(`{"type":"` + what + `","instance":"` + inst + `","session":"` + sess + `"}`)
+	}
+	has := func(what string) bool {
+		link.mu.Lock()
+		defer link.mu.Unlock()
+		for _, l := range link.lines {
+			if bytes.Contains(l, []byte(`"type":"`+what+`"`)) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, 2*time.Second, "a line of the calm client at the link", func() bool {
+		ac.ToInstance(line(session(2), "hello"))
+		return has("hello")
+	})
+	// Every hello still on its way is in before this one (one connection).
+	ac.ToInstance(line(session(2), "sync"))
+	waitFor(t, 2*time.Second, "the calm client's lines so far at the link", func() bool { return has("sync") })
+
+	link.full.Store(true)
+	if !af.ToInstance(line(session(1), "flood")) {
+		t.Fatal("ToInstance with the link online: false")
+	}
+	waitFor(t, 2*time.Second, "the flooder closed on its node", func() bool { return flooder.overflowed.Load() == 1 })
+	if _, detached, _ := link.count(); detached != 1 || link.detached[0] != session(1) {
+		t.Fatalf("the link was told of %v, want the flooder's session once", link.detached)
+	}
+	if calm.overflowed.Load() != 0 {
+		t.Fatal("the calm client was closed")
+	}
+	// Room again: the flooder's line still in flight is dropped, the calm
+	// client's arrives (one connection keeps their order).
+	link.full.Store(false)
+	af.ToInstance(line(session(1), "late"))
+	ac.ToInstance(line(session(2), "after"))
+	waitFor(t, 2*time.Second, "the calm client's line after the overflow", func() bool { return has("after") })
+	if has("late") || has("flood") {
+		t.Fatal("a line of the closed flooder reached the link")
+	}
+	// Its handler detaches it: the slot goes, no second acp.detach.
+	af.Leave(line(session(1), "acp.detach"))
+	ac.ToInstance(line(session(2), "last"))
+	waitFor(t, 2*time.Second, "the calm client's last line", func() bool { return has("last") })
+	if has("acp.detach") {
+		t.Fatal("the flooder's own acp.detach reached the link after it was told")
+	}
+	if _, detached, _ := link.count(); detached != 1 {
+		t.Fatalf("the link was told of %v", link.detached)
+	}
+	if af.ToInstance(line(session(1), "gone")) {
+		t.Fatal("ToInstance after Leave: true")
+	}
 }
