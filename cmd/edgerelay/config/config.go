@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"edgerelay/fastpath/cors"
 )
 
 // Config is the typed view of the settings that the server is wired from.
@@ -22,6 +24,7 @@ type Config struct {
 	DrainTimeout time.Duration // RELAY_DRAIN_TIMEOUT
 	DiskReserve  int           // RELAY_DISK_RESERVE, bytes; 0: no guard
 	AdminListen  string        // RELAY_ADMIN_LISTEN; "" = off; never TLS
+	CORS         cors.Origins  // RELAY_CORS_ORIGINS; zero = no CORS headers
 
 	// Listeners has an entry for every service in Services().
 	Listeners map[Service]Listener
@@ -248,6 +251,10 @@ func (v *Values) Config() (Config, error) {
 
 	if c.DataDir == "" {
 		errs = append(errs, fmt.Errorf("%s is empty: the server needs a data directory", EnvDataDir))
+	}
+	var err error
+	if c.CORS, err = cors.ParseOrigins(v.String(EnvCORSOrigins)); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvCORSOrigins, err))
 	}
 
 	pair := func(certEnv, keyEnv string) (cert, key string) {

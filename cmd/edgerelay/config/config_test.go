@@ -729,3 +729,31 @@ func ExampleLoad() {
 	// turn off (RELAY_TURN_LISTEN is empty)
 	// idle expiry 168h0m0s
 }
+
+// TestCORSOrigins: RELAY_CORS_ORIGINS is off by default, normalized to
+// the form browsers send, and a value that is no list of origins (a
+// path, * among others, null) refuses to start with the reason.
+func TestCORSOrigins(t *testing.T) {
+	if c := loadConfig(t, nil, nil); c.CORS.On() {
+		t.Fatalf("CORS on by default: %q", c.CORS)
+	}
+	for in, want := range map[string]string{
+		"*": "*",
+		"https://App.example.com:443, http://localhost:3000": "https://app.example.com,http://localhost:3000",
+	} {
+		if c := loadConfig(t, []string{"--cors-origins=" + in}, nil); c.CORS.String() != want {
+			t.Errorf("--cors-origins=%q: %q, want %q", in, c.CORS, want)
+		}
+	}
+	for in, says := range map[string]string{
+		"https://app.example.com/":            "has a path",
+		"https://app.example.com/app":         "has a path",
+		"*,https://app.example.com":           "cannot be mixed",
+		"null":                                "refused",
+		"app.example.com":                     "scheme://host",
+		"https://a.example,https://*.example": "wildcard",
+	} {
+		_, err := load(t, nil, []string{"RELAY_CORS_ORIGINS=" + in}).Config()
+		wantErr(t, err, "RELAY_CORS_ORIGINS", says)
+	}
+}

@@ -167,6 +167,9 @@ func table() []Setting {
 	add(GroupGeneral, EnvDiskReserve, KindOptionalInt, "268435456",
 		"Free bytes kept in the data dir's filesystem (256 MiB): while less is free every write is refused (503, storage_unavailable) and /readyz is 503; reads go on. Half of it is held in <data dir>/ballast and released when the disk fills anyway. 0 or empty: no guard, no ballast.")
 
+	add(GroupGeneral, EnvCORSOrigins, KindString, "",
+		"Origins whose web pages may call the mailbox and agent HTTP endpoints (CORS): comma-separated scheme://host[:port], or * for any; empty: no CORS headers. A preflight is answered before authorization; the bearer still decides every request (docs/cors.md).")
+
 	add(GroupListeners, EnvAdminListen, KindAddr, "127.0.0.1:9090",
 		"Admin listener: /metrics, /healthz, /readyz and the key-management endpoints the command line uses. Plain HTTP: keep it on loopback. Empty: off.")
 	for _, s := range Services() {
@@ -303,6 +306,7 @@ const (
 	EnvLogLevel           = "RELAY_LOG_LEVEL"
 	EnvDrainTimeout       = "RELAY_DRAIN_TIMEOUT"
 	EnvDiskReserve        = "RELAY_DISK_RESERVE"
+	EnvCORSOrigins        = "RELAY_CORS_ORIGINS"
 	EnvAdminListen        = "RELAY_ADMIN_LISTEN"
 	EnvTLSCert            = "RELAY_TLS_CERT"
 	EnvTLSKey             = "RELAY_TLS_KEY"
