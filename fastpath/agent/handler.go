@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/cors"
 	"edgerelay/fastpath/ndjson"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/ws"
@@ -91,6 +92,9 @@ type Config struct {
 	CloseTimeout time.Duration
 	// Now is the clock for pairing expiry (time.Now by default).
 	Now func() time.Time
+	// CORS lets pages on other origins redeem a pairing key
+	// (cors.New(RELAY_CORS_ORIGINS, CORSRules())); nil is off.
+	CORS *cors.Policy
 }
 
 // maxClientFrame is the most a frame from the instance takes in a client's
@@ -230,6 +234,10 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	case bytes.HasPrefix(path, pathAttach):
 		h.attach(ctx, path[len(pathAttach):])
 	case bytes.Equal(path, pathRedeem):
+		if h.cfg.CORS.Preflight(ctx) { // before the body is read
+			return
+		}
+		h.cfg.CORS.Decorate(ctx)
 		h.redeem(ctx)
 	default:
 		answerError(ctx, fasthttp.StatusNotFound, "not found")
