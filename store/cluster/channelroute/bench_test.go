@@ -143,7 +143,7 @@ const rounds = 5
 
 // computer is a control socket attached through r, its frames to the
 // probe of the run in progress.
-func computer(b *testing.B, r route.Channel) (store.Hash, route.ChannelHost, *probeSink) {
+func computer(b testing.TB, r route.Channel) (store.Hash, route.ChannelHost, *probeSink) {
 	key := newKey(b)
 	h, err := r.Host(clustertest.Context(b), key)
 	if err != nil {
@@ -159,7 +159,7 @@ func computer(b *testing.B, r route.Channel) (store.Hash, route.ChannelHost, *pr
 
 // phoneOf is a phone of key through r, attached to conn, ended with the
 // run.
-func phoneOf(b *testing.B, r route.Channel, key store.Hash, conn route.ChannelSink) (route.ChannelPhone, control.ID) {
+func phoneOf(b testing.TB, r route.Channel, key store.Hash, conn route.ChannelSink) (route.ChannelPhone, control.ID) {
 	id := newID(b)
 	p, err := r.Phone(clustertest.Context(b), key, id)
 	if err != nil {
@@ -176,7 +176,7 @@ func phoneOf(b *testing.B, r route.Channel, key store.Hash, conn route.ChannelSi
 // node from to node to, the subscriber's callback handing them to a
 // probe: the floor of the hop between those nodes. It returns once the
 // interest reached from's server.
-func rawFloor(b *testing.B, nodes *clustertest.Nodes, subject string, from, to int, size int) (*probeSink, func(msg []byte)) {
+func rawFloor(b testing.TB, nodes *clustertest.Nodes, subject string, from, to int, size int) (*probeSink, func(msg []byte)) {
 	sink := &probeSink{}
 	var warm atomic.Bool
 	sub, err := nodes.Node(to).Conn().Subscribe(subject, func(m *nats.Msg) {

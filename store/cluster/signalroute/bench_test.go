@@ -143,9 +143,15 @@ func hop(b *testing.B, to *counter, send func([]byte)) {
 	}
 }
 
+// pairT is pair for a test, with two counters.
+func pairT(t testing.TB, name string, a, z route.Signals, from, to *counter) (route.SignalSide, route.SignalSide) {
+	return pair(t, name, a, z, from, to, func() bool { return from.peered.Load() && to.peered.Load() })
+}
+
 // pair joins side 0 of name through a and side 1 through z, and waits
 // until both are told of the other.
-func pair(b *testing.B, name string, a, z route.Signals, from, to route.SignalSocket, peered func() bool) (route.SignalSide, route.SignalSide) {
+func pair(b testing.TB, name string, a, z route.Signals, from, to route.SignalSocket, peered func() bool) (route.SignalSide, route.SignalSide) {
+	b.Helper()
 	ctx := context.Background()
 	s, err := a.Join(ctx, name, 0, from)
 	if err != nil {

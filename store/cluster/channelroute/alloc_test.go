@@ -1,0 +1,49 @@
+package channelroute_test
+
+import (
+	"testing"
+
+	"edgerelay/fastpath/alloctest"
+	"edgerelay/store/cluster/clustertest"
+)
+
+// TestAllocCrossNodeFrame: a phone's frame to its computer on another
+// node, and the computer's frame to that phone, add no allocation to a
+// raw core NATS publish of the same bytes in steady state (the wrap into
+// a data message goes to a pooled buffer); the same frames between a
+// phone and its computer on one node allocate nothing. The count is the
+// whole process's, so the floor, a raw publish where nobody listens, is
+// measured beside it; the receiving node adds nats.go's Msg and payload
+// copy per message (counted or not, as the receipt falls inside the
+// window or after it), as for any subscriber.
+func TestAllocCrossNodeFrame(t *testing.T) {
+	if alloctest.RaceEnabled() {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	nodes := clustertest.Start(t, 3)
+	rs := routers(t, nodes)
+	key, h, _ := computer(t, rs[0])
+	away, awayID := phoneOf(t, rs[1], key, &probeSink{})
+	here, hereID := phoneOf(t, rs[0], key, &probeSink{})
+	nc := nodes.Node(0).Conn()
+	floor := testing.AllocsPerRun(2000, func() { _ = nc.Publish("er.ch.alloc.nobody", frame) })
+	// What the receiving node's nats.go allocates per message: the Msg
+	// and its payload's copy.
+	const received = 2
+	for _, c := range []struct {
+		name string
+		f    func()
+		max  float64
+	}{
+		{"cross-node phone to computer", func() { _ = away.ToHost(frame) }, floor + received},
+		{"cross-node computer to phone", func() { h.ToPhone(&awayID, frame) }, floor + received},
+		{"same-node phone to computer", func() { _ = here.ToHost(frame) }, 0},
+		{"same-node computer to phone", func() { h.ToPhone(&hereID, frame) }, 0},
+	} {
+		n := testing.AllocsPerRun(2000, c.f)
+		if n > c.max {
+			t.Fatalf("%s: %.2f allocations per frame, at most %.2f (a raw publish %.2f, received %d)", c.name, n, c.max, floor, received)
+		}
+		t.Logf("%s: %.2f allocations per frame (a raw publish %.2f, received %d)", c.name, n, floor, received)
+	}
+}
