@@ -27,6 +27,7 @@ import (
 	"edgerelay/fastpath/admin"
 	"edgerelay/fastpath/agent"
 	"edgerelay/fastpath/channel"
+	"edgerelay/fastpath/cors"
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/fastpath/netlimit"
@@ -205,7 +206,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			Store: mailboxes, Apps: apps, Log: mlog,
 			SweepEvery: min(cfg.Mailbox.Idle/4, time.Minute), MaxEnvelope: cfg.Mailbox.MaxEnvelope,
 			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
-			Signals: r.signals(),
+			Signals: r.signals(), CORS: cors.New(cfg.CORS, mailbox.CORSRules()),
 		})
 		if err != nil {
 			return nil, err
@@ -657,7 +658,7 @@ func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheu
 		return nil, "", err
 	}
 	h, err := r.newAgent(ctx, agent.Config{Store: st, Key: key, RelayName: "edgerelay", Log: r.log.With("service", "agent"), Metrics: agent.NewMetrics(reg),
-		InstanceQueue: cfg.Agent.InstanceQueue})
+		InstanceQueue: cfg.Agent.InstanceQueue, CORS: cors.New(cfg.CORS, agent.CORSRules())})
 	if err != nil {
 		return nil, "", err
 	}

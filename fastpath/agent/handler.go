@@ -234,7 +234,7 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	case bytes.HasPrefix(path, pathAttach):
 		h.attach(ctx, path[len(pathAttach):])
 	case bytes.Equal(path, pathRedeem):
-		if h.cfg.CORS.Preflight(ctx) { // before the body is read
+		if h.cfg.CORS.Preflight(ctx) { // a preflight carries no bearer and no body
 			return
 		}
 		h.cfg.CORS.Decorate(ctx)
