@@ -31,9 +31,9 @@ type agentCluster struct {
 	relayKey string
 }
 
-func startAgentCluster(t *testing.T) *agentCluster {
+func startAgentCluster(t *testing.T, env ...string) *agentCluster {
 	t.Helper()
-	c := startRelayCluster(t, 3, []string{"agent"})
+	c := startRelayCluster(t, 3, []string{"agent"}, env...)
 	a := &agentCluster{c: c, pool: x509.NewCertPool()}
 	for _, n := range c.nodes { // each node has its own development certificate
 		caPEM, err := os.ReadFile(filepath.Join(n.dataDir, "tls", "ca.pem"))

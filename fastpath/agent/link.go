@@ -398,12 +398,21 @@ func (h *Handler) toClient(l *link, line []byte, f *ndjson.Frame) {
 		}
 		return
 	}
+	h.queueFor(a, line, l.out[:0])
+}
+
+// queueFor queues a line of the instance for a, within a's queue and the
+// instance's bound on all its clients (InstanceQueue), whether the link is
+// on this node or another. scratch is the calling goroutine's buffer for
+// a detach.
+func (h *Handler) queueFor(a *attachment, line, scratch []byte) {
+	in := a.in
 	// The instance's budget first: in.queued overestimates what its
 	// clients' queues hold, so while the frame fits under it nothing more
 	// is asked; when it does not, makeRoom finds out, and closes the
 	// slowest clients if it must.
 	n := int64(len(line) + 10) // the frame with the longest header
-	if in.queued.Load()+n > int64(h.cfg.InstanceQueue) && !h.makeRoom(l, a, n) {
+	if in.queued.Load()+n > int64(h.cfg.InstanceQueue) && !h.makeRoom(scratch, a, n) {
 		h.m.dropClientOverflow.Inc()
 		return
 	}
@@ -413,7 +422,7 @@ func (h *Handler) toClient(l *link, line []byte, f *ndjson.Frame) {
 		h.m.dropClientOverflow.Inc()
 		if errors.Is(err, ws.ErrQueueFull) {
 			h.m.slowClientQueue.Inc()
-			h.detach(a, l.out[:0])
+			h.detach(a, scratch)
 		}
 		return
 	}
@@ -426,10 +435,11 @@ func (h *Handler) toClient(l *link, line []byte, f *ndjson.Frame) {
 // instance's estimate past InstanceQueue. It asks every attachment's queue
 // what it holds, and while the frame still does not fit, closes the
 // attachment holding the most with 1013 (its backlog is dropped, as at an
-// overflow of its own queue) and detaches it. It reports whether a is
+// overflow of its own queue) and detaches it (scratch: the caller's buffer
+// for the detach). It reports whether a is
 // still attached to take the frame. The error path, so it may take time
 // in proportion to the attachments; it allocates nothing.
-func (h *Handler) makeRoom(l *link, a *attachment, n int64) bool {
+func (h *Handler) makeRoom(scratch []byte, a *attachment, n int64) bool {
 	in := a.in
 	budget := int64(h.cfg.InstanceQueue)
 	// Each round detaches one attachment; the bound only guards against a
@@ -457,7 +467,7 @@ func (h *Handler) makeRoom(l *link, a *attachment, n int64) bool {
 		h.m.slowClientInstance.Inc()
 		h.log.Info("client closed: the instance's clients hold too much unsent", "instance", in.name, "queued", total)
 		slowest.conn.CloseOverflow()
-		h.detach(slowest, l.out[:0])
+		h.detach(slowest, scratch)
 		if slowest == a {
 			return false
 		}

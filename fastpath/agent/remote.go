@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"errors"
-
 	"edgerelay/fastpath/ws"
 )
 
@@ -82,21 +80,14 @@ type remoteClient struct {
 }
 
 // Deliver queues a line of the instance's link on another node for the
-// client; a full queue closes the client with 1013 and detaches it, as for
-// a line from a link on this node.
+// client, as a line from a link on this node: within its own queue and the
+// instance's bound (InstanceQueue) on this node's clients of it, past which
+// a client is closed with 1013 and detached. Several subscriptions may
+// call it at once; makeRoom and detach take that.
 func (r remoteClient) Deliver(line []byte) {
 	a := r.a
 	if !a.live.Load() || a.detached.Load() {
 		return
 	}
-	h := r.h
-	if err := a.conn.WriteText(line); err != nil {
-		h.m.dropClientOverflow.Inc()
-		if errors.Is(err, ws.ErrQueueFull) {
-			h.m.slowClientQueue.Inc()
-			h.detach(a, nil)
-		}
-		return
-	}
-	h.m.toClient.Inc()
+	r.h.queueFor(a, line, nil)
 }
