@@ -2,12 +2,8 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/binary"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +17,9 @@ import (
 func TestCORSThroughTheBinary(t *testing.T) {
 	t.Parallel()
 	const page = "https://app.example.com"
-	dir := t.TempDir()
-	s := startServer(t, "RELAY_DATA_DIR="+dir, "RELAY_APPS=notes", "RELAY_CORS_ORIGINS=http://localhost:3000, "+page,
+	site := startAgentSite(t, "RELAY_APPS=notes", "RELAY_CORS_ORIGINS=http://localhost:3000, "+page,
 		"RELAY_CHANNEL_LISTEN=", "RELAY_PUSH_FCM_LISTEN=", "RELAY_PUSH_APNS_LISTEN=")
+	s := site.s
 	client := &http.Client{Timeout: 10 * time.Second}
 	send := func(c *http.Client, method, url string, body []byte, hdr ...string) *http.Response {
 		t.Helper()
@@ -84,14 +80,7 @@ func TestCORSThroughTheBinary(t *testing.T) {
 	}
 
 	// The agent listener's redeem, over its TLS.
-	caPEM, err := os.ReadFile(filepath.Join(dir, "tls", "ca.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	tlsClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}}}
-	resp = send(tlsClient, "OPTIONS", "https://"+s.addrs["agent"]+"/v1/pair/redeem", nil, "Origin", page,
+	resp = send(freshClient(site.tlsConfig()), "OPTIONS", site.origin+"/v1/pair/redeem", nil, "Origin", page,
 		"Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "content-type")
 	if resp.StatusCode != 204 || allowOrigin(resp) != page || resp.Header.Get("Access-Control-Allow-Methods") != "POST" {
 		t.Fatalf("redeem preflight: %d %v", resp.StatusCode, resp.Header)

@@ -69,17 +69,7 @@ func TestCORSAuthorizedReadsAllocNothing(t *testing.T) {
 			} else {
 				ctx.Request.Header.Set("Authorization", "Bearer "+stateToken)
 			}
-			status := 0
-			call := func() {
-				s.now += int64(time.Second / 4) // a fetch token a call
-				ctx.Response.Reset()
-				s.h.ServeHTTP(&ctx)
-				status = ctx.Response.StatusCode()
-			}
-			for range 100 {
-				call()
-			}
-			if allocs := testing.AllocsPerRun(1000, call); allocs != 0 || status != r.status {
+			if allocs, status := s.allocsPerServe(&ctx); allocs != 0 || status != r.status {
 				t.Errorf("%s %s %s: %v allocations, status %d; want 0 and %d", origins, r.method, r.path, allocs, status, r.status)
 			}
 			if len(ctx.Response.Header.Peek("Access-Control-Allow-Origin")) == 0 {
