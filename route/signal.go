@@ -33,6 +33,9 @@ type SignalSocket interface {
 	Replaced()
 	// Erased: the mailbox is gone (close 1000).
 	Erased()
+	// GoingAway: the relay closes the socket as on a drain (close 1001):
+	// a fenced cluster node's sides reconnect.
+	GoingAway()
 }
 
 // SignalSide is one joined socket's way to the other side.

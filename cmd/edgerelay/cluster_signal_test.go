@@ -197,14 +197,9 @@ func wantFencedClose(t *testing.T, what string, c *websocket.Conn, within time.D
 			}
 			t.Fatalf("%s: frame %d %q, want the fence's close", what, typ, msg)
 		}
-		code, _ := sdkmailbox.CloseCode(err)
-		// 4000 until the mailbox's signal socket implements
-		// signalroute.GoingAway (1001, as a drain): the router falls
-		// back to Replaced for a socket without it.
-		if code != websocket.CloseGoingAway && code != 4000 {
-			t.Fatalf("%s: %v, want the fence's close (1001)", what, err)
+		if code, _ := sdkmailbox.CloseCode(err); code != websocket.CloseGoingAway {
+			t.Fatalf("%s: %v, want the fence's close (1001, as a drain)", what, err)
 		}
-		t.Logf("%s: closed with %d", what, code)
 		return
 	}
 }

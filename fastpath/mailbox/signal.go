@@ -87,8 +87,9 @@ func (s signalSocket) Peer(up bool) {
 		_ = s.conn.WriteText(peerDown)
 	}
 }
-func (s signalSocket) Replaced() { s.conn.Close(ws.CloseReplaced, "replaced") }
-func (s signalSocket) Erased()   { s.conn.Close(ws.CloseNormal, "mailbox erased") }
+func (s signalSocket) Replaced()  { s.conn.Close(ws.CloseReplaced, "replaced") }
+func (s signalSocket) Erased()    { s.conn.Close(ws.CloseNormal, "mailbox erased") }
+func (s signalSocket) GoingAway() { s.conn.Close(ws.CloseGoingAway, "relay going away") }
 
 // stillThere reports whether the mailbox name is still live for tok.
 func (h *Handler) stillThere(name string, tok store.Hash) bool {

@@ -36,8 +36,9 @@ func (s *Socket) Peer(up bool) {
 	s.mu.Unlock()
 }
 
-func (s *Socket) Replaced() { s.event("replaced") }
-func (s *Socket) Erased()   { s.event("erased") }
+func (s *Socket) Replaced()  { s.event("replaced") }
+func (s *Socket) Erased()    { s.event("erased") }
+func (s *Socket) GoingAway() { s.event("going away") }
 
 func (s *Socket) event(e string) {
 	s.mu.Lock()

@@ -302,12 +302,6 @@ func (r *Router) peerGone(node, inc string) {
 	}
 }
 
-// GoingAway is a signal socket that can be closed as on a drain (1001,
-// the relay is going away); the mailbox handler's is one. A socket
-// without it is closed as replaced (4000): a fenced side must not stay
-// open either way.
-type GoingAway interface{ GoingAway() }
-
 // fenced closes every side joined here before the fence (see the package
 // comment). It runs on the beat goroutine or NATS's, and only queues
 // closes onto the sockets.
@@ -319,11 +313,7 @@ func (r *Router) fenced() {
 	}
 	r.mu.Unlock()
 	for _, sock := range held {
-		if g, ok := sock.(GoingAway); ok {
-			g.GoingAway()
-		} else {
-			sock.Replaced()
-		}
+		sock.GoingAway() // 1001, as on a drain
 	}
 }
 

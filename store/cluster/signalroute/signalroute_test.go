@@ -64,11 +64,6 @@ func TestClusterSignalsPeerNodeDies(t *testing.T) {
 	})
 }
 
-// awaySocket is a routetest.Socket that can be closed as on a drain.
-type awaySocket struct{ routetest.Socket }
-
-func (s *awaySocket) GoingAway() { s.Peer(false); s.Replaced() } // recorded as "peer 0", "replaced"
-
 // fence makes node i fence itself: node j says it judged i gone (the
 // notice of store/cluster/peers.go, sent on er.node.judged).
 func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
@@ -83,14 +78,13 @@ func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
 }
 
 // TestFenceClosesTheSidesHere: a fenced node closes every side joined on
-// it as on a drain (GoingAway; Replaced for a socket without it), and a
-// side joined after the fence is left alone.
+// it as on a drain (GoingAway), and a side joined after the fence is
+// left alone.
 func TestFenceClosesTheSidesHere(t *testing.T) {
 	nodes := clustertest.Start(t, 2)
 	rs := routers(t, nodes)
 	ctx := context.Background()
-	var p awaySocket
-	var c, late routetest.Socket
+	var p, c, late routetest.Socket
 	if _, err := rs[0].Join(ctx, "chat/fence00000001", 0, &p); err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +92,8 @@ func TestFenceClosesTheSidesHere(t *testing.T) {
 		t.Fatal(err)
 	}
 	fence(t, nodes, 0, 1)
-	p.WaitEvents(t, "the fenced side that can go away", "peer 0", "replaced")
-	c.WaitEvents(t, "the fenced side without GoingAway", "replaced")
+	p.WaitEvents(t, "a fenced side", "going away")
+	c.WaitEvents(t, "another fenced side", "going away")
 	if _, err := rs[0].Join(ctx, "chat/fence00000003", 0, &late); err != nil {
 		t.Fatal(err)
 	}
