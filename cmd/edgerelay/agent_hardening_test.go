@@ -5,9 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
-	"errors"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -115,33 +112,7 @@ func (a *agentSite) cargo(session string, n, size int) []byte {
 // back (with a 4 MiB queue the first one closed it with 1013).
 func TestAgentBigFramesThroughTheBinary(t *testing.T) {
 	a := startAgentSite(t)
-	c := a.connect(t)
-	ws, sess := a.attach(t, c, "hi")
-	sizes := []int{6 << 20, 16<<20 - 1, 16<<20 - 1}
-	done := make(chan error, 1)
-	go func() {
-		for i, size := range sizes {
-			_ = ws.SetReadDeadline(time.Now().Add(30 * time.Second))
-			_, msg, err := ws.ReadMessage()
-			if err != nil {
-				done <- err
-				return
-			}
-			if len(msg) != size || !strings.Contains(string(msg[:300]), `"n":`+strconv.Itoa(i)+`,`) {
-				done <- errors.New("frame " + strconv.Itoa(i) + ": " + strconv.Itoa(len(msg)) + " bytes")
-				return
-			}
-		}
-		done <- nil
-	}()
-	for i, size := range sizes {
-		if err := c.Send(a.cargo(sess, i, size)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("the reading client: %v", err)
-	}
+	agentBigFrames(t, a, a)
 }
 
 // TestAgentInstanceQueueBytesThroughTheBinary: with
@@ -152,70 +123,7 @@ func TestAgentBigFramesThroughTheBinary(t *testing.T) {
 // keeps every frame sent to it and stays attached.
 func TestAgentInstanceQueueBytesThroughTheBinary(t *testing.T) {
 	a := startAgentSite(t, "RELAY_AGENT_INSTANCE_QUEUE_BYTES=33554432")
-	c := a.connect(t)
-	big, bigSess := a.attach(t, c, "big")
-	small, smallSess := a.attach(t, c, "small")
-
-	sentSmall := 0
-	var detached []string
-	for i := 0; len(detached) == 0; i++ {
-		if i > 100 { // 300 MiB
-			t.Fatal("no client was closed")
-		}
-		for _, line := range [][]byte{a.cargo(bigSess, i, 1<<20), a.cargo(bigSess, i, 1<<20), a.cargo(smallSess, i, 1<<20)} {
-			if err := c.Send(line); err != nil {
-				t.Fatal(err)
-			}
-		}
-		sentSmall++
-		// The relay reads the link in order: the ack of this heartbeat
-		// comes after whatever the frames before it caused.
-		sync := "sync-" + strconv.Itoa(i)
-		if err := c.Send([]byte(`{"type":"relay.heartbeat","instance":"` + a.instance + `","id":"` + sync + `"}`)); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			f := agentNext(t, c)
-			if f.Type == "relay.ack" && f.Re == sync {
-				break
-			}
-			if f.Type != "acp.detach" {
-				t.Fatalf("instance got %.200s", f.Raw)
-			}
-			detached = append(detached, f.Session)
-		}
-	}
-	if len(detached) != 1 || detached[0] != bigSess {
-		t.Fatalf("detached %v, want only the client holding the most (%s)", detached, bigSess)
-	}
-	if n := hostileMetric(t, a.s, `edgerelay_agent_slow_clients_closed_total{queue="instance"}`); n != 1 {
-		t.Fatalf("%v clients closed for the instance's bound", n)
-	}
-	_ = big.SetReadDeadline(time.Now().Add(20 * time.Second))
-	for {
-		_, _, err := big.ReadMessage()
-		if err == nil {
-			continue
-		}
-		var ce *websocket.CloseError
-		if !errors.As(err, &ce) || ce.Code != 1013 {
-			t.Fatalf("the client holding the most: %v, want close 1013", err)
-		}
-		break
-	}
-	_ = small.SetReadDeadline(time.Now().Add(20 * time.Second))
-	for i := range sentSmall {
-		_, msg, err := small.ReadMessage()
-		if err != nil || !strings.Contains(string(msg[:300]), `"session":"`+smallSess+`","n":`+strconv.Itoa(i)+`,`) {
-			t.Fatalf("frame %d to the other client: %.200s %v", i, msg, err)
-		}
-	}
-	if err := small.WriteMessage(websocket.TextMessage, []byte(`{"type":"acp.message","id":"still-here"}`)); err != nil {
-		t.Fatal(err)
-	}
-	if f := agentNext(t, c); f.ID != "still-here" {
-		t.Fatalf("instance got %.200s", f.Raw)
-	}
+	agentInstanceQueueBytes(t, a, a)
 }
 
 // rawAgentHello upgrades a link by hand, sends line as the hello and
@@ -256,37 +164,7 @@ func (a *agentSite) rawHello(t *testing.T, line string) agenttest.Frame {
 // is a nonce of another JSON type; a null nonce is no nonce; one byte is
 // the least that is signed.
 func TestAgentHelloEmptyNonceThroughTheBinary(t *testing.T) {
-	a := startAgentSite(t)
-	hello := func(nonce string) string {
-		return `{"type":"relay.hello","instance":"` + a.instance + `","id":"hello","payload":{"protocol_version":1,"instance":"` + a.instance + `","agent":"raw/1","nonce":` + nonce + `}}`
-	}
-	for _, tc := range []struct {
-		nonce, want string // want: an error code, "sig" or "no sig"
-	}{
-		{`""`, "malformed_frame"},
-		{`[1,2,3]`, "malformed_frame"},
-		{`null`, "no sig"},
-		{`"AA=="`, "sig"},
-	} {
-		f := a.rawHello(t, hello(tc.nonce))
-		var p struct {
-			Code string `json:"code"`
-			Sig  []byte `json:"sig"`
-		}
-		_ = json.Unmarshal(f.Payload, &p)
-		ok := f.Re == "hello"
-		switch tc.want {
-		case "sig":
-			ok = ok && f.Type == "relay.welcome" && len(p.Sig) == 64
-		case "no sig":
-			ok = ok && f.Type == "relay.welcome" && !strings.Contains(string(f.Raw), `"sig"`)
-		default:
-			ok = ok && f.Type == "relay.error" && p.Code == tc.want
-		}
-		if !ok {
-			t.Errorf("nonce %s: got %s, want %s", tc.nonce, f.Raw, tc.want)
-		}
-	}
+	agentHelloEmptyNonce(t, startAgentSite(t))
 }
 
 // TestAgentDeepRequestThroughTheBinary: a client request nested 20,000
@@ -295,36 +173,5 @@ func TestAgentHelloEmptyNonceThroughTheBinary(t *testing.T) {
 // routed.
 func TestAgentDeepRequestThroughTheBinary(t *testing.T) {
 	a := startAgentSite(t)
-	c := a.connect(t)
-	ws, sess := a.attach(t, c, "hi")
-	nested := func(id string, depth int) []byte {
-		return []byte(`{"type":"acp.message","id":"` + id + `","payload":` + strings.Repeat("[", depth) + strings.Repeat("]", depth) + `}`)
-	}
-	if err := ws.WriteMessage(websocket.TextMessage, nested("at-limit", 127)); err != nil {
-		t.Fatal(err)
-	}
-	if f := agentNext(t, c); f.ID != "at-limit" {
-		t.Fatalf("instance got %.200s", f.Raw)
-	}
-	for _, tc := range []struct {
-		id    string
-		depth int
-	}{{"past-limit", 128}, {"very-deep", 20_000}} {
-		if err := ws.WriteMessage(websocket.TextMessage, nested(tc.id, tc.depth)); err != nil {
-			t.Fatal(err)
-		}
-		_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
-		_, msg, err := ws.ReadMessage()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("%s: no answer", tc.id)
-			}
-			t.Fatal(err)
-		}
-		f, err := agenttest.DecodeFrame(msg)
-		if err != nil || f.Type != "relay.error" || f.Re != tc.id || f.Session != sess || !strings.Contains(string(f.Payload), `"code":"malformed_frame"`) {
-			t.Fatalf("%s: answered %s", tc.id, msg)
-		}
-	}
+	agentDeepRequest(t, a, a)
 }
