@@ -445,19 +445,6 @@ func TestComputerGoneBeforeOpen(t *testing.T) {
 	p.End()
 }
 
-// fence makes node i fence itself: node j says it judged i gone (the
-// notice of store/cluster/peers.go, sent on er.node.judged).
-func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
-	t.Helper()
-	a, b := nodes.Node(i), nodes.Node(j)
-	if err := b.Conn().Publish("er.node.judged", []byte(a.Node()+" "+a.Incarnation()+" "+b.Node()+" "+b.Incarnation())); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestFenceClosesTheSocketsHere: a fenced node closes with 1001 its
 // control socket and its phone of another node's computer; another node's
 // sockets stay, and a control socket opened after the fence is served.
@@ -469,7 +456,7 @@ func TestFenceClosesTheSocketsHere(t *testing.T) {
 	_, octl := host(t, rs[1], other)
 	_, _, away := phone(t, rs[0], other, octl) // its computer on node 1
 	_, _, kept := phone(t, rs[1], other, octl) // all on node 1
-	fence(t, nodes, 0, 1)
+	nodes.Fence(0, 1)
 	if code := ctl.waitClosed(t, 2*time.Second); code != 1001 {
 		t.Fatalf("fenced control socket: %d, want 1001", code)
 	}

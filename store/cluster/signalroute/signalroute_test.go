@@ -64,19 +64,6 @@ func TestClusterSignalsPeerNodeDies(t *testing.T) {
 	})
 }
 
-// fence makes node i fence itself: node j says it judged i gone (the
-// notice of store/cluster/peers.go, sent on er.node.judged).
-func fence(t *testing.T, nodes *clustertest.Nodes, i, j int) {
-	t.Helper()
-	a, b := nodes.Node(i), nodes.Node(j)
-	if err := b.Conn().Publish("er.node.judged", []byte(a.Node()+" "+a.Incarnation()+" "+b.Node()+" "+b.Incarnation())); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Conn().Flush(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestFenceClosesTheSidesHere: a fenced node closes every side joined on
 // it as on a drain (GoingAway), and a side joined after the fence is
 // left alone.
@@ -91,7 +78,7 @@ func TestFenceClosesTheSidesHere(t *testing.T) {
 	if _, err := rs[0].Join(ctx, "chat/fence00000002", 1, &c); err != nil {
 		t.Fatal(err)
 	}
-	fence(t, nodes, 0, 1)
+	nodes.Fence(0, 1)
 	p.WaitEvents(t, "a fenced side", "going away")
 	c.WaitEvents(t, "another fenced side", "going away")
 	if _, err := rs[0].Join(ctx, "chat/fence00000003", 0, &late); err != nil {
