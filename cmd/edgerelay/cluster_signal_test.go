@@ -49,6 +49,37 @@ func wantClose(t *testing.T, what string, c *websocket.Conn, code int) {
 	}
 }
 
+// startSignalCluster starts three nodes serving the mailbox (and the
+// other services named) with clusterMailboxEnv, whose app talk has
+// signal, and waits until each one is ready.
+func startSignalCluster(t *testing.T, more ...string) *relayCluster {
+	t.Helper()
+	c := startRelayCluster(t, 3, append([]string{"mailbox"}, more...), clusterMailboxEnv...)
+	for _, n := range c.nodes {
+		waitReadyz(t, n, http.StatusOK, 30*time.Second)
+	}
+	return c
+}
+
+// talkMailbox claims a fresh mailbox of app talk through node 0.
+func talkMailbox(t *testing.T, c *relayCluster) clusterLink {
+	t.Helper()
+	l := newClusterLink(t, "talk")
+	wantAnswer(t, "claim", l.do(t, "PUT", l.url(c.nodes[0].origin("mailbox"), ""), nil, ""), 201, "")
+	return l
+}
+
+// signalPair opens l's primary side through primaryAt and its companion
+// through companionAt (dialed with d) and waits until both hear peer 1.
+func signalPair(t *testing.T, l clusterLink, primaryAt, companionAt string, d *websocket.Dialer) (p, comp *websocket.Conn) {
+	t.Helper()
+	p = mailboxConn(t, l, primaryAt, "/signal/primary", websocket.DefaultDialer)
+	comp = mailboxConn(t, l, companionAt, "/signal/companion", d)
+	wantPeer(t, "primary through "+primaryAt, p, "peer 1")
+	wantPeer(t, "companion through "+companionAt, comp, "peer 1")
+	return p, comp
+}
+
 // TestClusterSignalAcrossNodes: the two sides of a signal rendezvous on
 // different nodes meet as on one node: peer 1 to both, binary frames both
 // ways in order, a newer socket of a side on a third node replaces the
@@ -57,18 +88,10 @@ func wantClose(t *testing.T, what string, c *websocket.Conn, code int) {
 // 1000; and kill -9 of a side's node gives the other side peer 0 within
 // 2 s, after which a socket through another node pairs again.
 func TestClusterSignalAcrossNodes(t *testing.T) {
-	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterMailboxEnv...)
-	for _, n := range c.nodes {
-		waitReadyz(t, n, http.StatusOK, 30*time.Second)
-	}
+	c := startSignalCluster(t)
 	node := func(i int) string { return c.nodes[i].origin("mailbox") }
-	l := newClusterLink(t, "talk")
-	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(0), ""), nil, ""), 201, "")
-
-	p := mailboxConn(t, l, node(0), "/signal/primary", websocket.DefaultDialer)
-	comp := mailboxConn(t, l, node(2), "/signal/companion", websocket.DefaultDialer)
-	wantPeer(t, "primary on node 0", p, "peer 1")
-	wantPeer(t, "companion on node 2", comp, "peer 1")
+	l := talkMailbox(t, c)
+	p, comp := signalPair(t, l, node(0), node(2), websocket.DefaultDialer)
 	for i := range 100 {
 		if err := p.WriteMessage(websocket.BinaryMessage, fmt.Appendf(nil, "offer %d", i)); err != nil {
 			t.Fatal(err)
@@ -211,17 +234,10 @@ func wantFencedClose(t *testing.T, what string, c *websocket.Conn, within time.D
 // again, and frames flow both ways.
 func TestClusterSignalFence(t *testing.T) {
 	t.Parallel()
-	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterMailboxEnv...)
-	for _, n := range c.nodes {
-		waitReadyz(t, n, http.StatusOK, 30*time.Second)
-	}
+	c := startSignalCluster(t)
 	node := func(i int) string { return c.nodes[i].origin("mailbox") }
-	l := newClusterLink(t, "talk")
-	wantAnswer(t, "claim", l.do(t, "PUT", l.url(node(0), ""), nil, ""), 201, "")
-	p := mailboxConn(t, l, node(0), "/signal/primary", websocket.DefaultDialer)
-	comp := mailboxConn(t, l, node(1), "/signal/companion", websocket.DefaultDialer)
-	wantPeer(t, "primary on node 0", p, "peer 1")
-	wantPeer(t, "companion on node 1", comp, "peer 1")
+	l := talkMailbox(t, c)
+	p, comp := signalPair(t, l, node(0), node(1), websocket.DefaultDialer)
 	waitBeats(t, c, 1)
 
 	stopped := time.Now()
@@ -297,14 +313,10 @@ func sideNode(t *testing.T, c *relayCluster, before []int, want int) (int, []int
 // reconnecting through the balancer pairs again, frames both ways.
 func TestClusterSignalSIGKILL(t *testing.T) {
 	t.Parallel()
-	c := startRelayCluster(t, 3, []string{"mailbox"}, clusterMailboxEnv...)
+	c := startSignalCluster(t)
 	lb := startHAProxy(t, c, "mailbox")
-	for _, n := range c.nodes {
-		waitReadyz(t, n, http.StatusOK, 30*time.Second)
-	}
 	through := "http://" + lb.addrs["mailbox"]
-	l := newClusterLink(t, "talk")
-	wantAnswer(t, "claim", l.do(t, "PUT", l.url(c.nodes[0].origin("mailbox"), ""), nil, ""), 201, "")
+	l := talkMailbox(t, c)
 	p := mailboxConn(t, l, through, "/signal/primary", websocket.DefaultDialer)
 	pNode, before := sideNode(t, c, nil, 1)
 	comp := mailboxConn(t, l, through, "/signal/companion", websocket.DefaultDialer)
