@@ -98,7 +98,7 @@ func (b benchRun) String() string {
 // are much longer, and whose set-up is a relay or gateway with a fake
 // provider) with their own.
 func benchRuns(s settings) []benchRun {
-	return []benchRun{
+	return append([]benchRun{
 		{".", microPackages(), s.count, s.benchtime},
 		{mailboxMicroBench, []string{mailboxMicroPackage}, s.count, s.benchtime},
 		{signalMicroBench, []string{signalMicroPackage}, s.count, s.benchtime},
@@ -107,7 +107,7 @@ func benchRuns(s settings) []benchRun {
 		{pushgwBench, []string{pushgwPackage}, s.pushCount, s.pushBenchtime},
 		{pushgwClusterBench, []string{pushgwPackage}, 1, s.pushClusterBenchtime},
 		{mailboxClusterPattern(s.quick), []string{mailboxClusterPackage}, 1, s.mailboxClusterBenchtime},
-	}
+	}, routeClusterRuns(s.quick)...)
 }
 
 // settings are the run's knobs, from flags over QUICK-aware defaults.
@@ -366,6 +366,7 @@ func run(s settings) error {
 	rows = append(rows, pushgwRows(bench)...)
 	rows = append(rows, pushgwClusterRows(bench)...)
 	rows = append(rows, mailboxClusterRows(bench)...)
+	rows = append(rows, routeClusterRows(bench)...)
 	info := runInfo{
 		date:      start,
 		cpu:       cpuModel(),
