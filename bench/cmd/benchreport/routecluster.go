@@ -156,7 +156,9 @@ func routeFlowRows(p routePackage, f routeFlow, v map[string]map[string][]float6
 	missing := func(figure, goal string) row {
 		return row{Figure: figure, Ours: "missing", Baseline: "missing", Ratio: "—", Goal: goal + " — no result (see the raw output)"}
 	}
-	n := func(r []float64) string { return fmt.Sprintf("median of %d round%s alternated", len(r), plural(fmt.Sprint(len(r)))) }
+	n := func(r []float64) string {
+		return fmt.Sprintf("median of %d round%s alternated", len(r), plural(fmt.Sprint(len(r))))
+	}
 	var rows []row
 
 	per := strings.TrimPrefix(f.unit, "cpu-ns/") // "frame", "line"

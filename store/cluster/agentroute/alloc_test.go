@@ -5,14 +5,14 @@ import (
 	"testing"
 
 	"edgerelay/fastpath/alloctest"
+	"edgerelay/store/cluster/clustertest"
 )
 
 // TestAllocSend: a line sent across (a link's to a client's session, a
 // client's to the link) adds no allocation to a raw core NATS publish of
-// the same bytes in steady state: the subjects are made once, the line is
-// copied into the connection's buffer. The count is the whole process's,
-// the embedded servers' included, so the floor (a raw publish where nobody
-// listens) is measured beside it: 1 per message here.
+// the same bytes in steady state (clustertest.PublishAllocs, 1 per message
+// here): the subjects are made once, the line is copied into the
+// connection's buffer.
 func TestAllocSend(t *testing.T) {
 	if alloctest.RaceEnabled() {
 		t.Skip("allocation counts are meaningless under -race")
@@ -31,8 +31,7 @@ func TestAllocSend(t *testing.T) {
 	}
 	line := bytes.Repeat([]byte("z"), 1<<10)
 	nobody := []byte(session(99))
-	nc := nodes.Node(0).Conn()
-	floor := testing.AllocsPerRun(2000, func() { _ = nc.Publish("er.ag.nobody", line) })
+	floor := clustertest.PublishAllocs(nodes, line)
 	if n := testing.AllocsPerRun(2000, func() { hold.ToSession(nobody, line) }); n > floor {
 		t.Fatalf("ToSession: %.2f allocations per line, a raw publish %.2f", n, floor)
 	}

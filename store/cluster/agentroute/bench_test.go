@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"edgerelay/route"
 	"edgerelay/store/cluster"
 	"edgerelay/store/cluster/agentroute"
 	"edgerelay/store/cluster/clustertest"
@@ -30,6 +31,24 @@ var hop = clustertest.Hop{Size: lineSize, Window: 1024, Unit: "cpu-ns/line"}
 // warmLine is shorter than a measured line: no probe counts it.
 var warmLine = []byte("warm")
 
+// link links an instance of its own for this run through r, released at
+// the run's end, with a context of 10 s from the run's start for the
+// calls that follow: an Attach while an earlier run's Leave still writes
+// the instance's attachment set can fail ("no write after 32 contended
+// rounds"), which is not what the benchmarks measure. runs numbers the
+// instances.
+func link(b *testing.B, r *agentroute.Router, runs *int) (context.Context, string, route.AgentLinkHold) {
+	*runs++
+	inst := fmt.Sprintf("inst-bench-%06d", *runs)
+	ctx := clustertest.Context(b)
+	hold, err := r.Link(ctx, inst, &sink{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(hold.Release)
+	return ctx, inst, hold
+}
+
 // BenchmarkAgentHop: 1 KiB lines from a link on node 0 to a client on node
 // 1 through the route, beside a raw core NATS publish of the same bytes to
 // a subscriber on node 1 (the floor). Each case runs "stream" (process
@@ -48,18 +67,7 @@ func BenchmarkAgentHop(b *testing.B) {
 	line := make([]byte, lineSize)
 	for range rounds {
 		b.Run("route", func(b *testing.B) {
-			// An instance of its own per run: an Attach while an earlier
-			// run's Leave still writes the instance's attachment set can
-			// fail ("no write after 32 contended rounds"), which is not
-			// what this measures.
-			runs++
-			inst := fmt.Sprintf("inst-hop-%06d", runs)
-			ctx := clustertest.Context(b) // 10 s from this run's start
-			hold, err := rs[0].Link(ctx, inst, &sink{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer hold.Release()
+			ctx, inst, hold := link(b, rs[0], &runs)
 			c := &client{}
 			a, err := rs[1].Attach(ctx, inst, string(sess), 64, c)
 			if err != nil {
@@ -123,16 +131,7 @@ func BenchmarkAgentFrozenClient(b *testing.B) {
 	for range rounds {
 		for _, mode := range []string{"beside-reading", "beside-frozen"} {
 			b.Run(mode, func(b *testing.B) {
-				// An instance of its own per run: an earlier run's Leave
-				// may still be writing its instance's attachment set.
-				runs++
-				inst := fmt.Sprintf("inst-frozen-%06d", runs)
-				ctx := clustertest.Context(b) // 10 s from this run's start
-				hold, err := rs[0].Link(ctx, inst, &sink{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer hold.Release()
+				ctx, inst, hold := link(b, rs[0], &runs)
 				flow, beside := []byte(session(1)), []byte(session(2))
 				measured := &client{}
 				a, err := rs[1].Attach(ctx, inst, string(flow), 64, measured)

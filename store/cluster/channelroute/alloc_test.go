@@ -9,13 +9,10 @@ import (
 
 // TestAllocCrossNodeFrame: a phone's frame to its computer on another
 // node, and the computer's frame to that phone, add no allocation to a
-// raw core NATS publish of the same bytes in steady state (the wrap into
-// a data message goes to a pooled buffer); the same frames between a
-// phone and its computer on one node allocate nothing. The count is the
-// whole process's, so the floor, a raw publish where nobody listens, is
-// measured beside it; the receiving node adds nats.go's Msg and payload
-// copy per message (counted or not, as the receipt falls inside the
-// window or after it), as for any subscriber.
+// raw core NATS publish of the same bytes in steady state but the
+// receipt's (clustertest.PublishAllocs, Received; the wrap into a data
+// message goes to a pooled buffer); the same frames between a phone and
+// its computer on one node allocate nothing.
 func TestAllocCrossNodeFrame(t *testing.T) {
 	if alloctest.RaceEnabled() {
 		t.Skip("allocation counts are meaningless under -race")
@@ -25,11 +22,8 @@ func TestAllocCrossNodeFrame(t *testing.T) {
 	key, h, _ := computer(t, rs[0])
 	away, awayID := phoneOf(t, rs[1], key, &probeSink{})
 	here, hereID := phoneOf(t, rs[0], key, &probeSink{})
-	nc := nodes.Node(0).Conn()
-	floor := testing.AllocsPerRun(2000, func() { _ = nc.Publish("er.ch.alloc.nobody", frame) })
-	// What the receiving node's nats.go allocates per message: the Msg
-	// and its payload's copy.
-	const received = 2
+	floor := clustertest.PublishAllocs(nodes, frame)
+	const received = clustertest.Received
 	for _, c := range []struct {
 		name string
 		f    func()

@@ -327,3 +327,18 @@ func (c Backpressure) Run(b *testing.B, frozen bool, to *Receiver, send func(), 
 	}
 	b.ReportMetric(float64(other.handed.Load()), "beside-msgs")
 }
+
+// PublishAllocs is a raw core NATS publish of msg through node 0 where
+// nobody listens, in allocations per message: the floor of a cross-node
+// message's allocation count, which is the whole process's (the embedded
+// servers' and the receiving router's included).
+func PublishAllocs(nodes *Nodes, msg []byte) float64 {
+	nc := nodes.Node(0).Conn()
+	return testing.AllocsPerRun(2000, func() { _ = nc.Publish("er.alloc.nobody", msg) })
+}
+
+// Received is what the receiving node's nats.go allocates per message
+// beyond the floor, as for any subscriber: the Msg and its payload's
+// copy (counted or not, as the receipt falls inside the counted window or
+// after it).
+const Received = 2
