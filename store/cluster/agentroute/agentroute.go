@@ -24,7 +24,13 @@
 //     every lease followed is read again.
 //   - The attachment limit is exact over the cluster, offline too: slots
 //     are taken and given back by compare-and-set of att.<inst>. Entries of
-//     a node that is gone are pruned by whoever changes the set next.
+//     a node that is gone are pruned by whoever changes the set next. One
+//     change from a node at a time, and each carries out that node's slots
+//     being given back, so a node's attaches and leaves never contend and
+//     an attach here is never refused beside a leave here (as on one node);
+//     other nodes' writers are waited out with short random pauses for as
+//     long as the attach's bound lasts (attachTimeout), never a count of
+//     rounds. A slot taken is given back until it is out of the set.
 //   - The link's node knows its clients on other nodes (att.<inst> read
 //     when the link is held, then the Er-Attach and Er-Left notices on
 //     .in) and detaches those of a node that is gone as soon as the peers
@@ -63,6 +69,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,6 +106,11 @@ const maxPartial = 2 * ndjson.MaxLine
 // opTimeout bounds one KV operation done in the background.
 const opTimeout = 5 * time.Second
 
+// attachTimeout bounds an Attach, whatever the caller's context (the
+// handler's has no deadline): long enough for the bucket's stream to
+// elect a new leader, after which the client gets 503 and retries.
+const attachTimeout = 10 * time.Second
+
 // Router is the cluster's route.Agent. Close it when the node stops.
 type Router struct {
 	c      *cluster.Cluster
@@ -127,6 +140,14 @@ type inst struct {
 	online bool           // whether holder's link is up
 	holds  map[*linkHold]struct{}
 	atts   map[*attachment]struct{} // this node's clients of it, for the fence
+	// leaving are the sessions of this node whose slots are to be given
+	// back: every change of att.<inst> from this node drops them, so an
+	// attach here never waits for (or is refused beside) a leave here.
+	leaving map[string]struct{}
+
+	// writing admits one change of att.<inst> from this node at a time:
+	// this node's attaches and leaves never contend with each other.
+	writing chan struct{}
 }
 
 // Fencer is implemented by the links and clients handed to Link and
@@ -233,7 +254,7 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 		r.mu.Unlock()
 		return i, nil
 	}
-	i = &inst{name: name, in: "er.ag." + name + ".in", ctl: "er.ag." + name + ".ctl", refs: 1, holds: make(map[*linkHold]struct{}), atts: make(map[*attachment]struct{})}
+	i = &inst{name: name, in: "er.ag." + name + ".in", ctl: "er.ag." + name + ".ctl", refs: 1, holds: make(map[*linkHold]struct{}), atts: make(map[*attachment]struct{}), leaving: make(map[string]struct{}), writing: make(chan struct{}, 1)}
 	r.insts[name] = i
 	// Subscribed under the lock, so that a second reference does not
 	// use the entry before it follows .ctl.
@@ -247,7 +268,7 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 	r.mu.Unlock()
 	// The lease after the subscription: nothing announced since is missed,
 	// and an announcement newer than the read wins (heard).
-	h, ok, err := r.leases.Holder(ctx, "link."+name)
+	h, ok, err := r.holder(ctx, name)
 	if err != nil {
 		r.unref(i)
 		return nil, err
@@ -257,6 +278,40 @@ func (r *Router) ref(ctx context.Context, name string) (*inst, error) {
 	}
 	return i, nil
 }
+
+// holder reads the link lease of instance name, again while ctx lasts if
+// a read fails: each read is bounded by roundTimeout, so that a request
+// the stream did not answer (a reply lost, a leader being elected under
+// load) is asked again rather than waited on for the lease's whole bound
+// (opTimeout, 5 s), which then failed the attach that needed it.
+func (r *Router) holder(ctx context.Context, name string) (cluster.Holder, bool, error) {
+	for try := 0; ; try++ {
+		rctx, cancel := context.WithTimeout(ctx, roundTimeout)
+		h, ok, err := r.leases.Holder(rctx, "link."+name)
+		cancel()
+		if err == nil || !pause(ctx, try) {
+			return h, ok, err
+		}
+	}
+}
+
+// pause waits before a retry, try the number of tries so far: a short
+// random wait (writers that collided would collide again at once), longer
+// with each try up to maxPause; false if ctx ends first.
+func pause(ctx context.Context, try int) bool {
+	d := time.Duration(rand.Int64N(int64(min(try+1, 16)) * int64(maxPause/16)))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// maxPause bounds one wait between the tries of a store operation.
+const maxPause = 64 * time.Millisecond
 
 func (r *Router) unref(i *inst) {
 	r.mu.Lock()
@@ -795,22 +850,37 @@ func (s attSet) encode() []byte {
 var errUnchanged = errors.New("unchanged")
 
 // changeSet applies change to att.<inst> by compare-and-set, after
-// pruning the entries of nodes that are gone; for each entry it pruned,
-// it tells the link (here, or through .in) that the client left.
+// pruning the entries of nodes that are gone and dropping this node's
+// leaving sessions; for each entry it pruned, it tells the link (here, or
+// through .in) that the client left.
+//
+// One change from this node at a time (inst.writing): the only writers
+// that contend are other nodes', and a lost compare-and-set, or a round
+// the store did not answer, is tried again after a short random pause
+// until ctx ends (every change is idempotent: an attach finds its session
+// there, a leave finds it gone). A round count would fail a change that
+// fits the limit whenever others write the key quickly (a write refused
+// while another is in flight in Raft comes back at once, so 32 rounds took
+// a few milliseconds); the client would get a 503 that one node never gives.
 func (r *Router) changeSet(ctx context.Context, i *inst, change func(attSet) (attSet, error)) error {
+	select {
+	case i.writing <- struct{}{}:
+	case <-ctx.Done():
+		return cluster.Fail("agent: write att."+i.name, ctx.Err())
+	}
+	defer func() { <-i.writing }()
 	key := "att." + i.name
-	for range 32 {
+	for try := 0; ; try++ {
 		err := r.changeSetOnce(ctx, i, key, change)
-		if !cluster.Conflict(err) {
+		if err == nil || errors.Is(err, route.ErrAgentFull) || !pause(ctx, try) {
 			return err
 		}
 	}
-	return cluster.Fail("agent: write "+key, errors.New("no write after 32 contended rounds"))
 }
 
-// roundTimeout bounds one round of changeSet: a request that the stream
-// does not answer (its leader just died) is not waited on for the whole
-// of the caller's context.
+// roundTimeout bounds one round of changeSet (and one lease read): a
+// request that the stream does not answer (its leader just died) is not
+// waited on for the whole of the caller's context.
 const roundTimeout = 2 * time.Second
 
 // changeSetOnce is one read and compare-and-set of changeSet; a lost
@@ -818,6 +888,12 @@ const roundTimeout = 2 * time.Second
 func (r *Router) changeSetOnce(ctx context.Context, i *inst, key string, change func(attSet) (attSet, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, roundTimeout)
 	defer cancel()
+	i.mu.Lock()
+	leaving := make([]string, 0, len(i.leaving))
+	for s := range i.leaving {
+		leaving = append(leaving, s)
+	}
+	i.mu.Unlock()
 	var cur attSet
 	var rev uint64
 	e, err := r.kv.Get(ctx, key)
@@ -829,19 +905,27 @@ func (r *Router) changeSetOnce(ctx context.Context, i *inst, key string, change 
 		cur, rev = parseSet(e.Value()), e.Revision()
 	}
 	var kept, pruned attSet
+	dropped := 0
 	for _, a := range cur {
-		if r.c.PeerAlive(a.node, a.incarnation) {
+		switch {
+		case a.node == r.c.Node() && a.incarnation == r.c.Incarnation() && slices.Contains(leaving, a.session):
+			dropped++
+		case r.c.PeerAlive(a.node, a.incarnation):
 			kept = append(kept, a)
-		} else {
+		default:
 			pruned = append(pruned, a)
 		}
 	}
 	next, err := change(kept)
-	if errors.Is(err, errUnchanged) && len(pruned) == 0 {
-		return nil
-	}
 	if err != nil && !errors.Is(err, errUnchanged) {
 		return err
+	}
+	if errors.Is(err, errUnchanged) {
+		if len(pruned) == 0 && dropped == 0 {
+			i.left(leaving)
+			return nil
+		}
+		next = kept
 	}
 	switch {
 	case rev == 0:
@@ -852,6 +936,7 @@ func (r *Router) changeSetOnce(ctx context.Context, i *inst, key string, change 
 		_, err = r.kv.Update(ctx, key, next.encode(), rev)
 	}
 	if err == nil {
+		i.left(leaving)
 		for _, a := range pruned {
 			r.gone(i, a.session)
 		}
@@ -861,6 +946,15 @@ func (r *Router) changeSetOnce(ctx context.Context, i *inst, key string, change 
 		return err
 	}
 	return cluster.Fail("agent: write "+key, err)
+}
+
+// left forgets leaving sessions that att.<inst> no longer holds.
+func (i *inst) left(sessions []string) {
+	i.mu.Lock()
+	for _, s := range sessions {
+		delete(i.leaving, s)
+	}
+	i.mu.Unlock()
 }
 
 // gone tells the instance's link that session's client left without
@@ -887,22 +981,36 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 	if !cluster.SubjectToken(name) || !safeSession(session) {
 		return nil, fmt.Errorf("agentroute: instance %q or session not fit for a subject", name)
 	}
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	defer cancel()
 	i, err := r.ref(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	me := attEntry{session, r.c.Node(), r.c.Incarnation()}
 	err = r.changeSet(ctx, i, func(s attSet) (attSet, error) {
+		if slices.Contains(s, me) {
+			return s, errUnchanged // a round whose answer was lost wrote it
+		}
 		if len(s) >= limit {
 			return nil, route.ErrAgentFull
 		}
 		return append(s, me), nil
 	})
-	if err != nil {
+	a := &attachment{r: r, i: i, c: c, session: session}
+	if errors.Is(err, route.ErrAgentFull) {
 		r.unref(i)
 		return nil, err
 	}
-	a := &attachment{r: r, i: i, c: c, session: session}
+	if err != nil {
+		// A write whose answer never came may still be applied: the slot
+		// is given back as a leave's, once such a write is settled.
+		go func() {
+			time.Sleep(roundTimeout)
+			a.free()
+		}()
+		return nil, err
+	}
 	var ra reassembler
 	a.sub, err = r.nc.Subscribe("er.ag."+name+".s."+session, func(m *nats.Msg) {
 		if m.Header != nil && m.Header.Get(hdrOverflow) != "" {
@@ -916,7 +1024,7 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 		}
 	})
 	if err != nil {
-		a.free()
+		go a.free()
 		return nil, cluster.Fail("agent: subscribe session", err)
 	}
 	i.mu.Lock()
@@ -983,6 +1091,9 @@ func (a *attachment) Leave(detach []byte) {
 	}
 	a.i.mu.Lock()
 	delete(a.i.atts, a)
+	// From now on every change from this node drops the slot, an attach
+	// here among them, before free gets to write.
+	a.i.leaving[a.session] = struct{}{}
 	a.i.mu.Unlock()
 	if detach != nil && a.r.remoteLink(a.i) && len(detach) <= a.r.chunk {
 		// Copied into the connection's buffer before PublishMsg returns.
@@ -993,23 +1104,33 @@ func (a *attachment) Leave(detach []byte) {
 	go a.free()
 }
 
-// free gives the slot back and drops the reference.
+// free gives the slot back and drops the reference. It tries until the
+// slot is out of att.<inst> (a later change from this node may carry it
+// out first) or the node's connection is closed (the node stops: the
+// others prune its entries once it is gone): a slot never given back would
+// count against the limit for as long as this node runs.
 func (a *attachment) free() {
-	r := a.r
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	err := r.changeSet(ctx, a.i, func(s attSet) (attSet, error) {
-		for k, e := range s {
-			if e.session == a.session {
-				return append(s[:k:k], s[k+1:]...), nil
-			}
+	r, i := a.r, a.i
+	defer r.unref(i)
+	i.mu.Lock()
+	i.leaving[a.session] = struct{}{}
+	i.mu.Unlock()
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		err := r.changeSet(ctx, i, func(s attSet) (attSet, error) { return s, errUnchanged })
+		cancel()
+		i.mu.Lock()
+		_, still := i.leaving[a.session]
+		i.mu.Unlock()
+		if !still {
+			return
 		}
-		return s, errUnchanged
-	})
-	if err != nil {
-		// The slot stays taken until this node is gone, when the next
-		// change prunes it.
-		r.log.Warn("agent: attachment slot not given back", "instance", a.i.name, "err", err)
+		if r.nc.IsClosed() {
+			return
+		}
+		if try == 0 || try%100 == 0 {
+			r.log.Warn("agent: attachment slot not given back yet, trying again", "instance", i.name, "err", err)
+		}
+		time.Sleep(min(time.Duration(try+1)*maxPause, time.Second))
 	}
-	r.unref(a.i)
 }
