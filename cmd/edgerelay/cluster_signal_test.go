@@ -266,11 +266,7 @@ func TestClusterSignalFence(t *testing.T) {
 // signalNodes is, for each node, its open signal sockets (/metrics).
 func signalNodes(t *testing.T, c *relayCluster) []int {
 	t.Helper()
-	var out []int
-	for _, n := range c.nodes {
-		out = append(out, int(hostileMetric(t, n, "edgerelay_mailbox_signal_sockets")))
-	}
-	return out
+	return nodeGauges(t, c, signalSocketsSeries)
 }
 
 // sendFrames writes numbered binary frames to c every 5 ms until stop,
