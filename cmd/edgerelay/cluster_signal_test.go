@@ -80,6 +80,21 @@ func signalPair(t *testing.T, l clusterLink, primaryAt, companionAt string, d *w
 	return p, comp
 }
 
+// signalBothWays sends a binary frame from each side of a signal pair
+// and checks the other side gets it as sent.
+func signalBothWays(t *testing.T, what string, a, b *websocket.Conn) {
+	t.Helper()
+	for i, pair := range [][2]*websocket.Conn{{a, b}, {b, a}} {
+		msg := fmt.Appendf(nil, "%s %d", what, i)
+		if err := pair[0].WriteMessage(websocket.BinaryMessage, msg); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if typ, got := readSignal(t, what, pair[1]); typ != websocket.BinaryMessage || !bytes.Equal(got, msg) {
+			t.Fatalf("%s: %d %q, want %q", what, typ, got, msg)
+		}
+	}
+}
+
 // TestClusterSignalAcrossNodes: the two sides of a signal rendezvous on
 // different nodes meet as on one node: peer 1 to both, binary frames both
 // ways in order, a newer socket of a side on a third node replaces the
@@ -252,15 +267,7 @@ func TestClusterSignalFence(t *testing.T) {
 	comp2 := mailboxConn(t, l, node(1), "/signal/companion", websocket.DefaultDialer)
 	wantPeer(t, "the primary when the companion came back", p, "peer 1")
 	wantPeer(t, "the companion through the fenced node", comp2, "peer 1")
-	for i, pair := range [][2]*websocket.Conn{{p, comp2}, {comp2, p}} {
-		msg := fmt.Appendf(nil, "after the fence %d", i)
-		if err := pair[0].WriteMessage(websocket.BinaryMessage, msg); err != nil {
-			t.Fatal(err)
-		}
-		if typ, got := readSignal(t, "a frame after the fence", pair[1]); typ != websocket.BinaryMessage || !bytes.Equal(got, msg) {
-			t.Fatalf("after the fence: %d %q, want %q", typ, got, msg)
-		}
-	}
+	signalBothWays(t, "after the fence", p, comp2)
 }
 
 // signalNodes is, for each node, its open signal sockets (/metrics).
@@ -374,13 +381,5 @@ func TestClusterSignalSIGKILL(t *testing.T) {
 	defer comp2.Close()
 	wantPeer(t, "the primary when the companion came back", p, "peer 1")
 	wantPeer(t, "the companion back through the balancer", comp2, "peer 1")
-	for i, pair := range [][2]*websocket.Conn{{p, comp2}, {comp2, p}} {
-		msg := fmt.Appendf(nil, "after the kill %d", i)
-		if err := pair[0].WriteMessage(websocket.BinaryMessage, msg); err != nil {
-			t.Fatal(err)
-		}
-		if typ, got := readSignal(t, "a frame after the kill", pair[1]); typ != websocket.BinaryMessage || !bytes.Equal(got, msg) {
-			t.Fatalf("after the kill: %d %q, want %q", typ, got, msg)
-		}
-	}
+	signalBothWays(t, "after the kill", p, comp2)
 }
