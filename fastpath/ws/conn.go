@@ -43,7 +43,8 @@ type Options struct {
 	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
 	ReadBufferSize int
 	// CloseTimeout bounds how long a closing socket may take to flush its
-	// queue and the close frame. Default 5 s.
+	// queue and the close frame, and then to wait for the peer's close
+	// (see linger in conn.go). Default 5 s.
 	CloseTimeout time.Duration
 }
 
@@ -100,10 +101,20 @@ type Conn struct {
 	opts   Options
 	remote net.Addr // kept: nc must not be touched once serve has returned
 
-	// Read side, used only by the reading goroutine.
-	msg []byte // reassembly buffer, reused for every message
-	hdr [14]byte
-	ctl [125]byte // control frame payload; a field so that it is not allocated per frame
+	// Read side: used by the goroutine in ReadMessage, and by the writer's
+	// linger once the handler no longer reads; readMu is held by either.
+	readMu sync.Mutex
+	msg    []byte // reassembly buffer, reused for every message
+	hdr    [14]byte
+	ctl    [125]byte // control frame payload; a field so that it is not allocated per frame
+	// misaligned: a read ended inside a frame, so what follows cannot be
+	// parsed as frames (the drain discards it raw); inputDone: the drain
+	// has ended (the peer's close, its EOF, or a bound), nothing is left
+	// to read. Both under readMu.
+	misaligned, inputDone bool
+	inputEnd              error // why the input ended, once inputDone: every later ReadMessage returns it
+	lastInput             time.Time    // when the drain last found input
+	tcp                   *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
 
 	// Write side. pending collects framed bytes; the writer swaps it with
 	// writing and flushes writing in one system call, so a burst of small
@@ -117,11 +128,17 @@ type Conn struct {
 	// drained is closed (and forgotten) after each write and when the
 	// socket starts closing, waking every WaitQueued; made by the first
 	// waiter, so that a socket nobody waits on allocates nothing per write.
-	drained   chan struct{}
-	done      chan struct{} // closed when the writer has finished
-	shut      atomic.Bool   // the socket is being torn down
-	pongSeen  atomic.Bool
-	closeOnce sync.Once
+	drained chan struct{}
+	done    chan struct{} // closed when the writer has finished
+	shut    atomic.Bool   // the socket is being torn down
+	// quitting: Close was called; what the peer sends from now on is read
+	// only to find its close, and dropped (see linger). sentAll: the
+	// writer has handed the close frame to the kernel.
+	quitting, sentAll atomic.Bool
+	closeBy           atomic.Int64 // unix ns: the close's deadline, CloseTimeout after Close
+	sentAllAt         atomic.Int64 // unix ns: when sentAll was set
+	pongSeen          atomic.Bool
+	closeOnce         sync.Once
 }
 
 func newConn(nc net.Conn, opts Options) *Conn {
@@ -133,6 +150,7 @@ func newConn(nc net.Conn, opts Options) *Conn {
 		remote: nc.RemoteAddr(),
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
+		tcp:    tcpConnOf(nc),
 	}
 	c.pongSeen.Store(true)
 	go c.writeLoop()
@@ -149,7 +167,32 @@ func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 // protocol violation the Conn queues the matching close frame and returns a
 // *CloseError with ByPeer false; when the peer closes, the close is echoed
 // and a *CloseError with ByPeer true is returned.
+//
+// Once the socket is closing (Close, from any goroutine), no more messages
+// are returned: ReadMessage reads on only to find the peer's close (see
+// linger) and returns when the close ends.
 func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	if c.inputDone {
+		return 0, nil, c.inputEnd
+	}
+	if c.shut.Load() {
+		// Torn down: nc may belong to someone else once serve returned.
+		return 0, nil, ErrClosed
+	}
+	op, payload, err = c.readMessage()
+	if err == errQuitting {
+		err = c.drainInput()
+	}
+	return op, payload, err
+}
+
+// errQuitting ends readMessage at a frame boundary once the socket is
+// closing, so that ReadMessage turns to draining.
+var errQuitting = errors.New("ws: closing")
+
+func (c *Conn) readMessage() (op int, payload []byte, err error) {
 	// A buffer grown by one huge message (an agent client may send up to
 	// 16 MiB) is not kept for the socket's life; messages up to
 	// maxKeptMessage (every channel and mailbox frame) reuse it forever.
@@ -159,6 +202,9 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 	c.msg = c.msg[:0]
 	msgOp := -1
 	for {
+		if msgOp < 0 && c.quitting.Load() {
+			return 0, nil, errQuitting
+		}
 		fin, frameOp, n, err := c.readHeader()
 		if err != nil {
 			return 0, nil, err
@@ -193,6 +239,12 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 		if !fin {
 			continue
 		}
+		if c.quitting.Load() {
+			// Closed while it arrived: dropped, like everything after
+			// the close (a phone's frame must not reach a computer
+			// that is gone).
+			return 0, nil, errQuitting
+		}
 		if msgOp == OpText && !utf8.Valid(c.msg) {
 			return 0, nil, c.fail(CloseInvalidPayload, "text is not UTF-8")
 		}
@@ -201,19 +253,33 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 }
 
 // readHeader reads one frame header and leaves its mask key in c.hdr[:4].
+//
+// Its first two bytes are peeked, not read: a wait for the next frame that
+// the linger cuts short (a deadline) leaves the stream at a frame boundary.
 func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
-	if c.opts.SilenceTimeout > 0 {
+	if c.opts.SilenceTimeout > 0 && !c.quitting.Load() {
 		_ = c.nc.SetReadDeadline(time.Now().Add(c.opts.SilenceTimeout))
 		// A teardown that set a past deadline just before must not be
-		// undone by the new one (see shutdownSocket).
+		// undone by the new one (see shutdownSocket), nor the wake of
+		// the linger (see linger).
 		if c.shut.Load() {
 			return false, 0, 0, ErrClosed
 		}
+		if c.quitting.Load() {
+			return false, 0, 0, errQuitting
+		}
 	}
-	h := c.hdr[4:6]
-	if err := c.readFull(h); err != nil {
+	p, err := c.br.Peek(2)
+	if err != nil {
+		if c.quitting.Load() && isTimeout(err) && !c.shut.Load() {
+			return false, 0, 0, errQuitting // nothing consumed: drain from here
+		}
+		c.noteTimeout(err)
 		return false, 0, 0, fmt.Errorf("ws: read header: %w", err)
 	}
+	h := c.hdr[4:6]
+	copy(h, p)
+	_, _ = c.br.Discard(2)
 	fin, op = h[0]&0x80 != 0, int(h[0]&0x0f)
 	if h[0]&0x70 != 0 {
 		return false, 0, 0, c.fail(CloseProtocolError, "reserved bits set")
@@ -248,15 +314,41 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 // covers the whole frame: a peer that goes quiet in the middle of one is
 // as silent as one that sends nothing, and is closed with 1001 too (not
 // with the 1000 that finish would choose once the reader returns).
+//
+// Once closing, a deadline inside a frame (the wake of the linger, or the
+// drain's polling) is moved to the close's deadline and the read goes on:
+// the stream must stay aligned to find the peer's close.
 func (c *Conn) readFull(p []byte) error {
-	_, err := io.ReadFull(c.br, p)
-	if err != nil && c.opts.SilenceTimeout > 0 {
-		var ne net.Error // declared here: it escapes, and must cost nothing per frame
-		if errors.As(err, &ne) && ne.Timeout() && !c.shut.Load() {
-			c.Close(CloseGoingAway, "silent too long")
+	n, err := io.ReadFull(c.br, p)
+	for err != nil && c.quitting.Load() && isTimeout(err) && !c.shut.Load() {
+		by := time.Unix(0, c.closeBy.Load())
+		if !time.Now().Before(by) {
+			break
 		}
+		_ = c.nc.SetReadDeadline(by)
+		var m int
+		m, err = io.ReadFull(c.br, p[n:])
+		n += m
+	}
+	if err != nil {
+		c.misaligned = true
+		c.noteTimeout(err)
 	}
 	return err
+}
+
+// noteTimeout closes a silent socket with 1001 when err is the silence
+// deadline.
+func (c *Conn) noteTimeout(err error) {
+	if c.opts.SilenceTimeout > 0 && isTimeout(err) && !c.shut.Load() {
+		c.Close(CloseGoingAway, "silent too long")
+	}
+}
+
+// isTimeout reports whether err is a deadline's.
+func isTimeout(err error) bool {
+	var ne net.Error // declared here: it escapes, and must cost nothing per frame
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // readControl handles a ping, pong or close frame of length n.
@@ -294,7 +386,9 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 			echo = CloseNormal
 		}
 		c.Close(echo, "")
-		return &CloseError{Code: code, Reason: reason, ByPeer: true}
+		ce := &CloseError{Code: code, Reason: reason, ByPeer: true}
+		c.inputDone, c.inputEnd = true, ce // nothing follows the peer's close
+		return ce
 	default:
 		return c.fail(CloseProtocolError, "unknown control opcode")
 	}
@@ -314,6 +408,7 @@ func validReceivedCode(code int) bool {
 
 // fail closes the socket with code because of what the peer sent.
 func (c *Conn) fail(code int, reason string) error {
+	c.misaligned = true // a frame refused part-way: its rest is unread
 	c.Close(code, reason)
 	return &CloseError{Code: code, Reason: reason}
 }
@@ -416,6 +511,9 @@ func (c *Conn) close(code int, reason string, dropBacklog bool) {
 			c.pending = c.pending[:0]
 		}
 		c.closing, c.closeCode = true, code
+		by := time.Now().Add(c.opts.CloseTimeout)
+		c.closeBy.Store(by.UnixNano())
+		c.quitting.Store(true)
 		var body [125]byte
 		binary.BigEndian.PutUint16(body[:2], uint16(code))
 		m := copy(body[2:], reason)
@@ -431,7 +529,7 @@ func (c *Conn) close(code int, reason string, dropBacklog bool) {
 		c.mu.Unlock()
 		// Bound everything that follows: a peer that stopped reading
 		// cannot hold the writer (and so the socket) past the deadline.
-		_ = c.nc.SetWriteDeadline(time.Now().Add(c.opts.CloseTimeout))
+		_ = c.nc.SetWriteDeadline(by)
 		c.signal()
 	})
 }
@@ -467,6 +565,177 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 func (c *Conn) finish() {
 	c.Close(CloseNormal, "")
 	<-c.done
+}
+
+// The linger. Write returns once the kernel has the bytes, not the peer:
+// on loopback the whole 2 MiB queue fits the send buffer at once. Closing
+// a socket whose input holds unread bytes (a busy peer's frames in
+// flight) makes the kernel answer with a reset and throw away what it has
+// not sent yet, the last frames and the close frame with them (seen: busy
+// phones never got their 1001). So once the close frame is written, the
+// write side is shut (the peer reads EOF after the close frame) and the
+// input is read and dropped until the peer's close frame or its EOF; only
+// then is the socket closed, and nothing is left unsent. A peer that does
+// not answer holds the socket no longer than CloseTimeout after Close, and
+// no longer than drainQuiet once its kernel has acknowledged every byte
+// (it has the close frame; data it has not read survives a reset) and it
+// has sent nothing. A handler still in ReadMessage does the reading
+// itself; once it is out, the writer reads, holding readMu.
+const (
+	drainPoll     = 50 * time.Millisecond  // how often a quiet drain checks the peer's acknowledgements
+	drainQuiet    = 250 * time.Millisecond // silence of a peer that has everything, after which it is not waited for
+	maxDrainBytes = 4 << 20                // bytes dropped before a flooding peer is cut off
+)
+
+// errDrainEnded: the drain stopped at one of its bounds.
+var errDrainEnded = errors.New("ws: closed without the peer's close")
+
+// linger is the writer's end of a close whose frame is written.
+func (c *Conn) linger() {
+	if c.shut.Load() {
+		return // aborted: nothing to deliver
+	}
+	c.sentAllAt.Store(time.Now().UnixNano())
+	c.sentAll.Store(true)
+	if c.tcp != nil {
+		_ = c.tcp.CloseWrite()
+	}
+	// Wake a reader waiting for the next frame without a deadline (or
+	// under the silence's), so that it polls; one inside a frame reads on
+	// (readFull).
+	_ = c.nc.SetReadDeadline(time.Now())
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	_ = c.drainInput()
+	c.shutdownSocket() // under readMu: no ReadMessage starts on a closed nc
+}
+
+// drainInput reads and drops what the peer sends after the close until its
+// close frame, its EOF or a bound (see linger); readMu is held. It returns
+// the peer's *CloseError when that came, else why the drain ended. It
+// runs once: later calls return the same.
+func (c *Conn) drainInput() error {
+	if c.inputDone {
+		return c.inputEnd
+	}
+	err := c.dropFrames()
+	c.inputDone, c.inputEnd = true, err
+	return err
+}
+
+func (c *Conn) dropFrames() error {
+	left := maxDrainBytes
+	for {
+		if err := c.awaitInput(); err != nil {
+			return err
+		}
+		if c.misaligned {
+			k := min(c.br.Buffered(), left)
+			if k == 0 {
+				return errDrainEnded
+			}
+			_, _ = c.br.Discard(k)
+			left -= k
+			continue
+		}
+		fin, op, n, err := c.readHeader()
+		switch {
+		case err == errQuitting:
+			continue // a wake-up before the header: nothing was consumed
+		case err != nil:
+			return err
+		case op >= OpClose:
+			if err := c.readControl(op, fin, n); err != nil {
+				return err // the peer's close, or a broken control frame
+			}
+			continue
+		case n > uint64(left):
+			return errDrainEnded
+		}
+		left -= int(n)
+		if err := c.skip(int(n)); err != nil {
+			return err
+		}
+	}
+}
+
+// skip drops n payload bytes, reading on past a wake-up like readFull.
+func (c *Conn) skip(n int) error {
+	for n > 0 {
+		k, err := c.br.Discard(n)
+		n -= k
+		if err == nil {
+			return nil
+		}
+		by := time.Unix(0, c.closeBy.Load())
+		if !isTimeout(err) || !time.Now().Before(by) {
+			c.misaligned = true
+			return err
+		}
+		_ = c.nc.SetReadDeadline(by)
+	}
+	return nil
+}
+
+// awaitInput waits until the peer has sent something, every drainPoll
+// checking whether the drain has reached a bound: the close's deadline,
+// or a peer that has everything written and keeps quiet.
+func (c *Conn) awaitInput() error {
+	by := time.Unix(0, c.closeBy.Load())
+	for c.br.Buffered() == 0 {
+		now := time.Now()
+		if !now.Before(by) {
+			return errDrainEnded
+		}
+		if c.sentAll.Load() {
+			since := time.Unix(0, c.sentAllAt.Load())
+			if c.lastInput.After(since) {
+				since = c.lastInput
+			}
+			if now.Sub(since) >= drainQuiet && c.peerHasAll() {
+				return errDrainEnded
+			}
+		}
+		next := now.Add(drainPoll)
+		if by.Before(next) {
+			next = by
+		}
+		_ = c.nc.SetReadDeadline(next)
+		if _, err := c.br.Peek(1); err != nil && !isTimeout(err) {
+			return err // EOF: the peer is done
+		}
+	}
+	c.lastInput = time.Now()
+	_ = c.nc.SetReadDeadline(by) // the frame that starts here may take until then
+	return nil
+}
+
+// peerHasAll reports whether the peer's kernel has acknowledged every
+// byte written; true where that cannot be known.
+func (c *Conn) peerHasAll() bool {
+	if c.tcp == nil {
+		return true
+	}
+	n, ok := unacked(c.tcp)
+	return !ok || n == 0
+}
+
+// tcpConnOf finds the TCP socket under nc's wrappers (fasthttp's hijacked
+// conn, tls.Conn, netlimit's conn), or nil.
+func tcpConnOf(nc net.Conn) *net.TCPConn {
+	for range 5 {
+		switch v := nc.(type) {
+		case *net.TCPConn:
+			return v
+		case interface{ UnsafeConn() net.Conn }:
+			nc = v.UnsafeConn()
+		case interface{ NetConn() net.Conn }:
+			nc = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // maxKeptMessage is the largest read buffer a socket keeps between
@@ -548,6 +817,7 @@ func (c *Conn) writeLoop() {
 			more := len(c.pending) > 0
 			c.mu.Unlock()
 			if !more {
+				c.linger()
 				return
 			}
 			c.signal()

@@ -51,6 +51,12 @@ func startServer(t testing.TB, opts ws.Options, serve func(*ws.Conn)) *testServe
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, ln, opts, serve)
+}
+
+// serveOn is startServer on ln (a TLS listener, say).
+func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn)) *testServer {
+	t.Helper()
 	ts := &testServer{
 		addr:  ln.Addr().String(),
 		conns: make(chan *ws.Conn, 16),
@@ -215,13 +221,7 @@ func dialGorilla(t testing.TB, addr string, rcvbuf int, subprotocols ...string) 
 	d := websocket.Dialer{
 		HandshakeTimeout: waitTimeout,
 		Subprotocols:     subprotocols,
-		NetDial: func(network, addr string) (net.Conn, error) {
-			nc, err := net.Dial(network, addr)
-			if err == nil && rcvbuf > 0 {
-				err = nc.(*net.TCPConn).SetReadBuffer(rcvbuf)
-			}
-			return nc, err
-		},
+		NetDial:          smallBufferDialer(rcvbuf).Dial,
 	}
 	c, resp, err := d.Dial("ws://"+addr+"/", nil)
 	if err != nil {
@@ -230,6 +230,28 @@ func dialGorilla(t testing.TB, addr string, rcvbuf int, subprotocols ...string) 
 	_ = resp.Body.Close()
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// smallBufferDialer dials with a receive buffer of rcvbuf bytes (when above
+// zero), set before the connection exists. Shrunk afterwards, the window
+// falls below the segment size the server's kernel chose from the first,
+// larger one (half the largest window seen), and on loopback the server
+// then sends only when its persist timer fires, with a growing backoff: a
+// reading client would look stalled for seconds.
+func smallBufferDialer(rcvbuf int) *net.Dialer {
+	d := &net.Dialer{}
+	if rcvbuf > 0 {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	return d
 }
 
 // rawClient is a TCP connection that completed the handshake and speaks
