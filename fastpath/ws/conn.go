@@ -112,7 +112,7 @@ type Conn struct {
 	// has ended (the peer's close, its EOF, or a bound), nothing is left
 	// to read. Both under readMu.
 	misaligned, inputDone bool
-	inputEnd              error // why the input ended, once inputDone: every later ReadMessage returns it
+	inputEnd              error        // why the input ended, once inputDone: every later ReadMessage returns it
 	lastInput             time.Time    // when the drain last found input
 	tcp                   *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
 
