@@ -223,20 +223,25 @@ func routeFlowRows(p routePackage, f routeFlow, v map[string]map[string][]float6
 func routeBackpressureRow(p routePackage, v map[string]map[string][]float64) row {
 	reading, frozen := v[p.frozen+"/beside-reading"], v[p.frozen+"/beside-frozen"]
 	figure := fmt.Sprintf("%s router back-pressure: a flow from one node to another paced at a fixed rate, while %s on that node stops reading, fills its send queue (256 KiB), "+
-		"is closed at its bound and leaves, its sender still sending; the flow's achieved rate ÷ its offered rate, with the other consumer frozen vs reading (%s)", p.router, p.consumer, routeSetting)
+		"is closed at its bound and leaves, its sender still sending; the flow's achieved rate ÷ its offered rate, with the other consumer frozen vs reading, "+
+		"and the most any of its frames arrived after its paced send was due (a stall caught up by the run's end shows there only) (%s)", p.router, p.consumer, routeSetting)
 	goal := fmt.Sprintf("the flow keeps its rate within %.0f%% (≥ %.2f of offered) with the consumer frozen", 100*(1-routeBackpressureGoal), routeBackpressureGoal)
 	if frozen == nil || reading == nil || len(frozen["achieved/offered"]) == 0 || len(reading["achieved/offered"]) == 0 {
 		return row{Figure: figure, Ours: "missing", Baseline: "missing", Ratio: "—", Goal: goal + " — no result (see the raw output)"}
 	}
 	// The rounds in which the frozen consumer was closed, and the same
 	// rounds' reading case (each round ran both, back to back).
-	var ratio, rate, readRatio, readRate []float64
+	var ratio, rate, lag, readRatio, readRate, readLag []float64
 	rounds := min(len(frozen["achieved/offered"]), len(frozen["msgs/s"]), len(frozen["closed"]),
 		len(reading["achieved/offered"]), len(reading["msgs/s"]))
+	lagged := len(frozen["max-lag-ms"]) >= rounds && len(reading["max-lag-ms"]) >= rounds
 	for i := range rounds {
 		if frozen["closed"][i] == 1 {
 			ratio, rate = append(ratio, frozen["achieved/offered"][i]), append(rate, frozen["msgs/s"][i])
 			readRatio, readRate = append(readRatio, reading["achieved/offered"][i]), append(readRate, reading["msgs/s"][i])
+			if lagged {
+				lag, readLag = append(lag, frozen["max-lag-ms"][i]), append(readLag, reading["max-lag-ms"][i])
+			}
 		}
 	}
 	closeMs := frozen["close-ms"] // reported only when closed
@@ -249,9 +254,9 @@ func routeBackpressureRow(p routePackage, v map[string]map[string][]float64) row
 	r := abtest.RoundRatios(ratio, readRatio)
 	return row{
 		Figure: fmt.Sprintf("%s; offered %s/s; median of %d round%s in which the frozen consumer was closed, of %d", figure, thousands(offered), len(ratio), plural(fmt.Sprint(len(ratio))), rounds),
-		Ours: fmt.Sprintf("%s frozen; closed at its bound %s ms%s after the freeze", backpressureCell(ratio, rate),
+		Ours: fmt.Sprintf("%s frozen%s; closed at its bound %s ms%s after the freeze", backpressureCell(ratio, rate), lagCell(lag),
 			msBare(abtest.Median(closeMs)), benchfmt.Spread(closeMs, msBare)),
-		Baseline: backpressureCell(readRatio, readRate) + " reading",
+		Baseline: backpressureCell(readRatio, readRate) + " reading" + lagCell(readLag),
 		Ratio:    benchfmt.RoundRatio(abtest.Median(r), r, m/abtest.Median(readRatio)) + " frozen ÷ reading",
 		Goal:     verdict(goal, m >= routeBackpressureGoal),
 	}
@@ -278,4 +283,13 @@ func allocsCell(a []float64, per string) string {
 func backpressureCell(ratio, rate []float64) string {
 	f := func(x float64) string { return fmt.Sprintf("%.3f", x) }
 	return fmt.Sprintf("%s%s of offered (%s/s)", f(abtest.Median(ratio)), benchfmt.Spread(ratio, f), thousands(abtest.Median(rate)))
+}
+
+// lagCell: ", max lag 44.0 ms [11.1–134]" of the rounds' largest lags
+// behind the pace, or "" for none reported.
+func lagCell(ms []float64) string {
+	if len(ms) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", max lag %s ms%s", msBare(abtest.Median(ms)), benchfmt.Spread(ms, msBare))
 }

@@ -29,9 +29,13 @@ type Probe struct {
 	n       atomic.Int64 // messages counted
 	last    atomic.Int64 // UnixNano of the last one counted, when stamped
 	stamped bool
-	sent    []int64 // UnixNano of message k, stored before its send
-	lat     []int64 // arrival minus send of message k, in ns
-	arrived chan struct{}
+	// paced: message k is due at start+k*every (UnixNano, ns); maxLag is
+	// the most any arrived after its due time.
+	start, every float64
+	maxLag       atomic.Int64
+	sent         []int64 // UnixNano of message k, stored before its send
+	lat          []int64 // arrival minus send of message k, in ns
+	arrived      chan struct{}
 }
 
 // NewProbe is a probe of n messages of size bytes.
@@ -51,7 +55,15 @@ func (p *Probe) got(msg []byte) {
 		p.lat[k] = time.Now().UnixNano() - atomic.LoadInt64(&p.sent[k])
 	}
 	if p.stamped {
-		p.last.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		p.last.Store(now)
+		lag := now - int64(p.start+float64(p.n.Load())*p.every)
+		for {
+			m := p.maxLag.Load()
+			if lag <= m || p.maxLag.CompareAndSwap(m, lag) {
+				break
+			}
+		}
 	}
 	p.n.Add(1)
 	select {
@@ -279,14 +291,14 @@ type Backpressure struct {
 // bound and leaves, while its sender keeps sending. Reported: the measured
 // flow's achieved rate (all its messages over the time to the last one's
 // arrival) and that rate over the offered one (the goal: within 10% with
-// the consumer frozen); closed, 1 if the frozen consumer was closed (a run
+// the consumer frozen), and max-lag-ms, the most a message arrived after
+// its paced send was due (a stall caught up by the end shows here); closed, 1 if the frozen consumer was closed (a run
 // too short for its queue to fill, such as go test's first of one
 // message, measured no back-pressure), and close-ms, when after the
 // freeze; beside-msgs, what the other consumer was handed.
 func (c Backpressure) Run(b *testing.B, frozen bool, to *Receiver, send func(), other *Bounded, sendOther func()) {
 	p := NewProbe(c.Size, b.N, false)
-	p.stamped = true
-	defer to.measure(p)()
+	p.stamped, p.every = true, 1e9/float64(c.Rate)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -297,6 +309,8 @@ func (c Backpressure) Run(b *testing.B, frozen bool, to *Receiver, send func(), 
 	b.ResetTimer()
 	wg.Go(func() { Paced(c.BesideRate, 0, sendOther, stop) })
 	start := time.Now()
+	p.start = float64(start.UnixNano())
+	defer to.measure(p)()
 	Paced(c.Rate, b.N, send, stop)
 	// Paced: the last message was due at (b.N-1)/Rate; a flow that keeps
 	// up delivers it a hop's latency later.
@@ -321,6 +335,7 @@ func (c Backpressure) Run(b *testing.B, frozen bool, to *Receiver, send func(), 
 	}
 	b.ReportMetric(achieved, "msgs/s")
 	b.ReportMetric(achieved/offered, "achieved/offered")
+	b.ReportMetric(float64(p.maxLag.Load())/1e6, "max-lag-ms")
 	b.ReportMetric(map[bool]float64{false: 0, true: 1}[closed], "closed")
 	if closed {
 		b.ReportMetric(float64(other.closedAt.Load()-other.frozenAt.Load())/1e6, "close-ms")
