@@ -19,7 +19,7 @@ type Agent interface {
 	// Link makes this node's link l the holder of instance inst: an older
 	// link anywhere is replaced (its AgentLink.Replaced is called on its
 	// node). From then on lines from clients on other nodes reach
-	// l.Deliver, until the hold's Release.
+	// l.Offer, until the hold's Release.
 	Link(ctx context.Context, inst string, l AgentLink) (AgentLinkHold, error)
 	// Attach takes one of inst's max attachment slots for session, a
 	// relay-minted attachment id, whether or not the instance is online;
@@ -35,13 +35,22 @@ type Agent interface {
 // AgentLink is a link as the route sees it. Its methods are called from
 // the route's goroutines and must not block.
 type AgentLink interface {
-	// Deliver queues a spliced line from a client on another node.
-	Deliver(line []byte)
+	// Offer queues a spliced line from a client on another node within
+	// the link's bound, without waiting, and reports whether it fitted
+	// (true for a link that is closing: the line is dropped, nothing is
+	// for the route to do). The route closes the client whose line did not
+	// fit (AgentClient.Overflowed): a client here waits for room, but the
+	// route's reader must never wait for a runtime that stopped reading.
+	Offer(line []byte) bool
 	// Detached tells the runtime that session's client has gone: its
 	// node died without saying so.
 	Detached(session []byte)
 	// Replaced closes the link: a newer one holds the instance.
 	Replaced()
+	// Fenced closes the link as a drain does (what is queued is flushed):
+	// this node learnt the others may have judged it gone and told the
+	// link's clients so; the runtime redials into a consistent cluster.
+	Fenced()
 }
 
 // AgentLinkHold is a link's hold on its instance.
@@ -56,11 +65,18 @@ type AgentLinkHold interface {
 	Release()
 }
 
-// AgentClient is an attached client as the route sees it. Deliver is
-// called from the route's goroutines and must not block: it queues the
-// line (without its line feed) for the client.
+// AgentClient is an attached client as the route sees it. Its methods
+// are called from the route's goroutines and must not block.
 type AgentClient interface {
+	// Deliver queues a line of the instance's link on another node
+	// (without its line feed) for the client, within the client's bounds.
 	Deliver(line []byte)
+	// Overflowed closes the client with 1013 and detaches it: its line
+	// did not fit the queue of its instance's link on another node.
+	Overflowed()
+	// Fenced closes the client with 1001, as a drain does (see
+	// AgentLink.Fenced).
+	Fenced()
 }
 
 // AgentAttachment is a client's slot on its instance.

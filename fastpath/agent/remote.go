@@ -2,6 +2,7 @@ package agent
 
 import (
 	"edgerelay/fastpath/ws"
+	"edgerelay/route"
 )
 
 // remoteLink is a link as the route sees it: lines from clients on other
@@ -10,13 +11,15 @@ import (
 // calls it from its NATS callbacks.
 type remoteLink struct{ l *link }
 
-// Deliver queues a client's line from another node (Offer).
-func (r remoteLink) Deliver(line []byte) { r.Offer(line) }
+var (
+	_ route.AgentLink   = remoteLink{}
+	_ route.AgentClient = remoteClient{}
+)
 
-// Offer queues a client's line from another node if it fits, and reports
-// false when the queue had no room: the route then closes that client (a
-// client here would wait, but the route's reader must never wait for a
-// runtime that stopped reading). A link that is closing drops the line
+// Offer implements route.AgentLink: it queues a client's line from
+// another node if it fits, and reports false when the queue had no room:
+// the route then closes that client (a client here would wait, but the
+// route's reader must never wait for a runtime that stopped reading). A link that is closing drops the line
 // (true: nothing for the route to do). Within the bound, as a client
 // here: the reserve above it stays for the relay's own frames (acks,
 // detaches), which would otherwise find it full and drop the link.
@@ -42,12 +45,12 @@ func (r remoteLink) Detached(session []byte) {
 // node.
 func (r remoteLink) Replaced() { r.l.close(endReplaced) }
 
-// Fenced closes the link as a drain does (what is queued is flushed): the
+// Fenced implements route.AgentLink: it closes the link as a drain does (what is queued is flushed): the
 // other nodes may have judged this one gone and told the link's clients
 // so; the runtime redials into a consistent cluster.
 func (r remoteLink) Fenced() { r.l.close(endFenced) }
 
-// Fenced closes the client with 1001, as a drain does (see
+// Fenced implements route.AgentClient: it closes the client with 1001, as a drain does (see
 // remoteLink.Fenced). One fenced before its socket is live is closed as
 // soon as it is (serveClient).
 func (r remoteClient) Fenced() {
@@ -61,7 +64,7 @@ func (r remoteClient) Fenced() {
 // fencedReason is the close reason of a client closed by a fence.
 const fencedReason = "relay fenced: reconnect"
 
-// Overflowed closes the client with 1013 and detaches it: its line did
+// Overflowed implements route.AgentClient: it closes the client with 1013 and detaches it: its line did
 // not fit the queue of its instance's link on another node.
 func (r remoteClient) Overflowed() {
 	a := r.a
@@ -79,7 +82,7 @@ type remoteClient struct {
 	a *attachment
 }
 
-// Deliver queues a line of the instance's link on another node for the
+// Deliver implements route.AgentClient: it queues a line of the instance's link on another node for the
 // client, as a line from a link on this node: within its own queue and the
 // instance's bound (InstanceQueue) on this node's clients of it, past which
 // a client is closed with 1013 and detached. Several subscriptions may

@@ -64,11 +64,11 @@ func TestRemoteLinesLeaveTheReserve(t *testing.T) {
 	// never fits into its 64 KiB).
 	line := []byte(`{"type":"acp.message","pad":"` + strings.Repeat("r", 1<<20) + `"}`)
 	for range 64 {
-		l.Deliver(line) // never waits
+		l.Offer(line) // never waits
 	}
 	small := []byte(`{"type":"s"}`)
 	for range 16 << 10 {
-		l.Deliver(small)
+		l.Offer(small)
 	}
 	// The heartbeat, then a line for a session nobody holds here: when
 	// the route hears of the second, the relay has handled the first.

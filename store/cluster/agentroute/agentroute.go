@@ -43,13 +43,13 @@
 //     it holds as a drain does (links flushed and closed, clients 1001):
 //     the others told their ends this node died, so these reconnect into
 //     a consistent cluster, and their end paths give back leases and
-//     slots as always. The ends must implement Fencer.
+//     slots as always (AgentLink.Fenced, AgentClient.Fenced).
 //   - Nothing read from NATS ever waits for a socket: lines go to the
 //     handler's bounded queues, which close a slow client with 1013.
 //   - Flow control from a client to a link on another node: a client here
 //     waits for room in a link on its own node's queue, but one elsewhere
 //     cannot (the link's node reads NATS, which must not wait). So a line
-//     that does not fit the link's queue (FlowLink.Offer) closes the client
+//     that does not fit the link's queue (AgentLink.Offer) closes the client
 //     that sent it, as at a client's own queue bound: the link's node tells
 //     the runtime acp.detach at once (from the queue's reserve), drops that
 //     client's lines still in flight, and tells the client's node
@@ -149,21 +149,6 @@ type inst struct {
 	// this node's attaches and leaves never contend with each other.
 	writing chan struct{}
 }
-
-// Fencer is implemented by the links and clients handed to Link and
-// Attach: Fenced closes the socket as a drain does (a link flushed and
-// closed, a client with 1001), without blocking.
-type Fencer interface{ Fenced() }
-
-// FlowLink is implemented by the links handed to Link: Offer queues a
-// client's line within the link's bound, without waiting, and reports
-// whether it fitted. A link without it takes every line (Deliver).
-type FlowLink interface{ Offer(line []byte) bool }
-
-// Overflower is implemented by the clients handed to Attach: Overflowed
-// closes the client with 1013 and detaches it (its line did not fit the
-// link's queue on another node), without blocking.
-type Overflower interface{ Overflowed() }
 
 // New opens the bucket and starts following the peers.
 func New(ctx context.Context, c *cluster.Cluster, log *slog.Logger) (*Router, error) {
@@ -413,24 +398,19 @@ func (r *Router) peerGone(node, incarnation string) {
 	}()
 }
 
-// fenced closes every link and client of this node (see Fencer): the
+// fenced closes every link and client of this node (their Fenced): the
 // others may have judged it gone and told their ends so. Called from the
 // peers' goroutines: the closes only start the sockets' ends.
 func (r *Router) fenced() {
-	var ends []Fencer
-	add := func(e any) {
-		if f, ok := e.(Fencer); ok {
-			ends = append(ends, f)
-		}
-	}
+	var ends []interface{ Fenced() }
 	r.mu.Lock()
 	for _, i := range r.insts {
 		i.mu.Lock()
 		for lh := range i.holds {
-			add(lh.l)
+			ends = append(ends, lh.l)
 		}
 		for a := range i.atts {
-			add(a.c)
+			ends = append(ends, a.c)
 		}
 		i.mu.Unlock()
 	}
@@ -689,11 +669,6 @@ func (lh *linkHold) forget(session string) bool {
 // its client (see the package comment). Called by the .in subscription's
 // goroutine only.
 func (lh *linkHold) deliver(line []byte) {
-	fl, ok := lh.l.(FlowLink)
-	if !ok {
-		lh.l.Deliver(line)
-		return
-	}
 	// The lines of a client that overflowed, still in flight, are dropped
 	// (the runtime was told it left); a scan per line only meanwhile.
 	if lh.dropping.Load() > 0 {
@@ -701,7 +676,7 @@ func (lh *linkHold) deliver(line []byte) {
 			return
 		}
 	}
-	if fl.Offer(line) {
+	if lh.l.Offer(line) {
 		return
 	}
 	sess := sessionOf(line)
@@ -1014,9 +989,7 @@ func (r *Router) Attach(ctx context.Context, name, session string, limit int, c 
 	var ra reassembler
 	a.sub, err = r.nc.Subscribe("er.ag."+name+".s."+session, func(m *nats.Msg) {
 		if m.Header != nil && m.Header.Get(hdrOverflow) != "" {
-			if o, ok := c.(Overflower); ok {
-				o.Overflowed()
-			}
+			c.Overflowed()
 			return
 		}
 		if line := ra.add(m); line != nil {

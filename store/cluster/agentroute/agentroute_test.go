@@ -34,6 +34,14 @@ func (s *sink) Deliver(line []byte) {
 	s.lines = append(s.lines, bytes.Clone(line))
 	s.mu.Unlock()
 }
+
+// Offer takes every line (a link whose queue is never full).
+func (s *sink) Offer(line []byte) bool {
+	s.Deliver(line)
+	return true
+}
+func (s *sink) Overflowed() {}
+func (s *sink) Fenced()     {}
 func (s *sink) Detached(session []byte) {
 	s.mu.Lock()
 	s.detached = append(s.detached, string(session))
@@ -386,7 +394,7 @@ func TestAgentRouteStuckClient(t *testing.T) {
 	waitFor(t, 5*time.Second, "every line at the client that reads", func() bool { n, _, _ := ok.count(); return n == 1000 })
 }
 
-// flowLink is a link whose queue is full while full is set (FlowLink).
+// flowLink is a link whose queue is full while full is set.
 type flowLink struct {
 	sink
 	full atomic.Bool
@@ -400,7 +408,7 @@ func (f *flowLink) Offer(line []byte) bool {
 	return true
 }
 
-// overflowClient counts Overflowed calls (Overflower).
+// overflowClient counts Overflowed calls.
 type overflowClient struct {
 	sink
 	overflowed atomic.Int32

@@ -11,13 +11,16 @@ import (
 
 type nopLink struct{}
 
-func (nopLink) Deliver([]byte)  {}
-func (nopLink) Detached([]byte) {}
-func (nopLink) Replaced()       {}
+func (nopLink) Offer([]byte) bool { return true }
+func (nopLink) Detached([]byte)   {}
+func (nopLink) Replaced()         {}
+func (nopLink) Fenced()           {}
 
 type nopClient struct{}
 
 func (nopClient) Deliver([]byte) {}
+func (nopClient) Overflowed()    {}
+func (nopClient) Fenced()        {}
 
 // TestRefresh: what a node missed on .ctl while its NATS connection was
 // down (a link gone, a newer one) is read from the leases after the
