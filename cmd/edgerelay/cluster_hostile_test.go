@@ -102,7 +102,7 @@ type crossFreeze struct {
 // freezeWindow is how many frames the live socket may be behind in a
 // freeze: a few small frames, far below its bound, and enough for the
 // rounds not to wait on each hop's round trip.
-const freezeWindow = 16
+const freezeWindow = 8
 
 // run sends rounds of a frame to the frozen socket and one to the live
 // socket until the frozen socket's bound is far exceeded, keeping the live
