@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	sdkmailbox "edgerelay/sdk/mailbox"
+	"edgerelay/store/cluster/clustertest"
 )
 
 // readSignal reads the next frame of a signal socket (10 s at most).
@@ -185,23 +186,7 @@ func waitBeats(t *testing.T, c *relayCluster, i int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		heard := make(chan struct{}, 1)
-		_, err = nc.Subscribe("er.node.beat", func(m *nats.Msg) {
-			if strings.HasPrefix(string(m.Data), fmt.Sprintf("node%d ", i)) {
-				select {
-				case heard <- struct{}{}:
-				default:
-				}
-			}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-heard:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("node %d's beats do not reach node %d", i, j)
-		}
+		clustertest.WaitBeat(t, nc, fmt.Sprintf("node%d ", i), 10*time.Second)
 		nc.Close()
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"edgerelay/store/cluster/clustertest"
@@ -24,24 +23,7 @@ func TestPeersSeeANodeLeaveAndReturn(t *testing.T) {
 	node, inc := b.Node(), b.Incarnation()
 	// Until node 2's beats reach node 0 (the routes carry node 0's
 	// interest to node 2's server first), node 0 knows nothing of it.
-	heard := make(chan struct{}, 1)
-	sub, err := a.Conn().Subscribe("er.node.beat", func(m *nats.Msg) {
-		if string(m.Data) == node+" "+inc {
-			select {
-			case heard <- struct{}{}:
-			default:
-			}
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-heard:
-	case <-time.After(5 * time.Second):
-		t.Fatal("node 2's beats do not reach node 0")
-	}
-	_ = sub.Unsubscribe()
+	clustertest.WaitBeat(t, a.Conn(), node+" "+inc, 5*time.Second)
 	if !a.PeerAlive(node, inc) {
 		t.Fatal("node 0 does not count node 2 alive")
 	}
