@@ -17,13 +17,16 @@
 #     the channel codec against encoding/json, the SDK's seal and open
 #     against raw AES-256-GCM, the relays' exact allocations per frame,
 #     push fan-out and the push gateway against the fake APNs;
+#   - the cluster routers (signal, private channel, agent) across a 3-node
+#     embedded NATS cluster beside raw core NATS of the same bytes (CPU per
+#     frame, p50/p99, allocations), and their back-pressure;
 # then writes bench/results/latest.md (machine, Go version, cores, date,
 # and per figure: ours, baseline, ratio with its spread, goal). Load
 # comparisons alternate the two sides round by round (ABBA), drop the
 # first round and report medians with the lowest and highest round.
-# about 15 minutes on 2 cores; flags pass through
+# about 17 minutes on 2 cores; flags pass through
 # (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
-# smoke run (under 2 minutes, figures indicative only).
+# smoke run (about 3 minutes, figures indicative only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec go run ./bench/cmd/benchreport "$@"

@@ -24,13 +24,17 @@
 //     exact allocations with raw clients, the mailbox push fan-out and the
 //     push gateway (both to the fake APNs), and the push gateway in
 //     cluster mode (three nodes' mounts on a 3-node embedded NATS cluster)
-//     beside single node.
+//     beside single node;
+//   - the cluster routers (signal, private channel both ways, agent)
+//     across a 3-node embedded cluster beside raw core NATS publish and
+//     subscribe of the same bytes, and their back-pressure (a paced flow
+//     beside a frozen consumer).
 //
 // Run it from anywhere inside the module:
 //
 //	go run ./bench/cmd/benchreport [flags]
 //
-// QUICK=1 in the environment shortens every default (under two minutes
+// QUICK=1 in the environment shortens every default (about three minutes
 // in all) for a smoke run; flags given explicitly still win.
 package main
 
@@ -156,8 +160,7 @@ type settings struct {
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
-	// The full run's budget on 2 cores, `make bench` being allowed 15
-	// minutes, reckoned from a QUICK run's rates: server programs 0.2
+	// The full run's budget on 2 cores, reckoned from a QUICK run's rates: server programs 0.2
 	// (warm cache; a cold one adds about a minute), channel 1 (forwarding
 	// and idle phones), mailbox 3.3 (pinned HEAD and GET, one at a time
 	// and pipelined, with their floors; PUTs in 2 s rounds beside raw
@@ -166,8 +169,10 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// the push gateway in cluster mode beside single node 0.6 (a 3-node
 	// cluster started once, 5 rounds of 4 cases of 0.7 s), the mailbox's
 	// cluster backend beside raw JetStream 0.5 (3 rounds of 6 cases of
-	// 0.4 s) — about 14 1/2 minutes. The quick one, a smoke test of the whole
-	// pipeline, stays under 2 with a warm build cache. The timeouts only
+	// 0.4 s), the cluster routers beside raw NATS 2.4 (3 rounds of 20000
+	// frames a case, 3 packages, a cluster started per package) — about 17
+	// minutes. The quick one, a smoke test of the whole pipeline, stays
+	// near 3 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
 		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick,
