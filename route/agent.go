@@ -36,12 +36,15 @@ type Agent interface {
 // the route's goroutines and must not block.
 type AgentLink interface {
 	// Offer queues a spliced line from a client on another node within
-	// the link's bound, without waiting, and reports whether it fitted
-	// (true for a link that is closing: the line is dropped, nothing is
-	// for the route to do). The route closes the client whose line did not
-	// fit (AgentClient.Overflowed): a client here waits for room, but the
-	// route's reader must never wait for a runtime that stopped reading.
-	Offer(line []byte) bool
+	// the link's bound, without waiting. It returns nil when the line was
+	// queued (or dropped: the link is closing, or the line names no
+	// session); otherwise the session of the client the route is to close
+	// (AgentClient.Overflowed): the one holding the most of the link's
+	// queue, which is the line's own sender unless another client's lines
+	// hold more (the line itself was then queued). A client here waits for
+	// room, but the route's reader must never wait for a runtime that
+	// stopped reading. The session returned is valid until Offer returns.
+	Offer(line []byte) (overflowed []byte)
 	// Detached tells the runtime that session's client has gone: its
 	// node died without saying so.
 	Detached(session []byte)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -523,4 +524,156 @@ func TestClusterAgentFence(t *testing.T) {
 	})
 	defer rt2.Close()
 	agentWait(t, 5*time.Second, "routing after the redial", agentRoutes(c1, rt2, s1))
+}
+
+// TestClusterAgentClientCollidesWithFlooder: the runtime's link on node 0
+// stops reading while a client on node 1 floods it; the flooder is closed
+// with 1013 when its lines fill the link's queue, and another client on
+// node 1 whose lines arrive while the queue is still full (the flooder's
+// bytes in it) is not: its lines are queued, the runtime reads them once it
+// reads again, after the flooder's acp.detach, and it stays attached (on
+// one node it would have waited for room). Only one client is counted
+// closed for the link's queue. The flood keeps both nodes busy for
+// seconds under -race: should a node's beats starve meanwhile and the
+// fence close the sockets (1001), the scenario is run again.
+func TestClusterAgentClientCollidesWithFlooder(t *testing.T) {
+	t.Parallel()
+	a := startAgentCluster(t)
+	for attempt := 1; !agentCollision(t, a); attempt++ {
+		if attempt == 3 {
+			t.Fatal("fenced in every attempt")
+		}
+		t.Logf("attempt %d: a node was fenced under the flood's load; again", attempt)
+	}
+}
+
+// agentCollision is TestClusterAgentClientCollidesWithFlooder's scenario;
+// false when the flooder was closed by a fence instead.
+func agentCollision(t *testing.T, a *agentCluster) bool {
+	linkSite, clientSite := a.site(0), a.site(1)
+	closedBefore := hostileMetric(t, clientSite.s, `edgerelay_agent_slow_clients_closed_total{queue="link"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := agenttest.Handshake(ctx, agenttest.Options{
+		Addr: linkSite.s.addrs["agent"], ServerName: "127.0.0.1", RootCAs: a.pool,
+		Token: linkSite.token, Instance: linkSite.instance, RelayKey: linkSite.relayKey,
+		HeartbeatEvery: -1,
+	})
+	if err != nil {
+		t.Fatalf("link: %v", err)
+	}
+	defer l.Conn.Close()
+	_ = l.Conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+	// next is the runtime reading its next line.
+	next := func() agenttest.Frame {
+		t.Helper()
+		line, err := l.R.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("runtime: %v", err)
+		}
+		f, err := agenttest.DecodeFrame(bytes.TrimSuffix(line, []byte("\n")))
+		if err != nil {
+			t.Fatalf("runtime: %v in %.200s", err, line)
+		}
+		return f
+	}
+	attach := func(probe string) (*websocket.Conn, string) {
+		d := websocket.Dialer{TLSClientConfig: clientSite.tlsConfig(), Subprotocols: []string{"contenox-relay.v1", "bearer." + a.token}}
+		ws, resp, err := d.Dial("wss://"+clientSite.s.addrs["agent"]+"/v1/attach/"+clientSite.instance, nil)
+		if err != nil {
+			t.Fatalf("attach: %v %v", err, resp)
+		}
+		t.Cleanup(func() { ws.Close() })
+		// Until the link's node knows the client's session, resent.
+		for {
+			if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"acp.message","id":"`+probe+`"}`)); err != nil {
+				t.Fatal(err)
+			}
+			if f := next(); f.ID == probe {
+				return ws, f.Session
+			}
+		}
+	}
+	flooder, floodSess := attach("flooder")
+	calm, _ := attach("calm")
+	closed := make(chan error, 1)
+	go func() {
+		for {
+			if _, _, err := flooder.ReadMessage(); err != nil {
+				closed <- err
+				return
+			}
+		}
+	}()
+	// The runtime reads nothing from here on: 16 KiB lines until the
+	// flooder is closed (the queue, 32 MiB, and the sockets' buffers hold
+	// a few thousand), so that less than one of them is left of the
+	// queue's room.
+	pad := strings.Repeat("f", 16<<10)
+	var floodErr error
+	floodStart := time.Now()
+	for k := 0; k < 20000; k++ {
+		select {
+		case floodErr = <-closed:
+		default:
+			if err := flooder.WriteMessage(websocket.TextMessage, []byte(`{"type":"flood","n":`+strconv.Itoa(k)+`,"pad":"`+pad+`"}`)); err == nil {
+				continue
+			}
+			floodErr = <-closed
+		}
+		break
+	}
+	if floodErr == nil {
+		select {
+		case floodErr = <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the flooder was not closed")
+		}
+	}
+	t.Logf("flooder closed after %v", time.Since(floodStart))
+	var ce *websocket.CloseError
+	if errors.As(floodErr, &ce) && ce.Code == 1001 {
+		return false
+	}
+	if !errors.As(floodErr, &ce) || ce.Code != 1013 {
+		t.Fatalf("the flooder: %v, want close 1013", floodErr)
+	}
+	// The queue still holds the flooder's bytes: the calm client's lines,
+	// 24 KiB, more than the room left, collide with them (within the room
+	// kept for collisions, 32 KiB).
+	const calmLines = 3
+	calmPad := strings.Repeat("c", 8<<10)
+	for k := range calmLines {
+		if err := calm.WriteMessage(websocket.TextMessage, []byte(`{"type":"calm","id":"c`+strconv.Itoa(k)+`","pad":"`+calmPad+`"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The runtime reads again: floods, the flooder's acp.detach, the calm
+	// lines in order.
+	got, detached := 0, 0
+	for got < calmLines {
+		f := next()
+		switch {
+		case f.Type == "flood":
+		case f.Type == "acp.detach" && f.Session == floodSess:
+			detached++
+		case f.Type == "calm" && f.ID == "c"+strconv.Itoa(got):
+			got++
+		default:
+			t.Fatalf("runtime got %.200s after %d calm lines", f.Raw, got)
+		}
+	}
+	if detached != 1 {
+		t.Fatalf("the runtime was told %d times that the flooder left, want once", detached)
+	}
+	if err := calm.WriteMessage(websocket.TextMessage, []byte(`{"type":"calm","id":"after"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if f := next(); f.ID != "after" {
+		t.Fatalf("runtime got %.200s, want the calm client's line after", f.Raw)
+	}
+	if n := hostileMetric(t, clientSite.s, `edgerelay_agent_slow_clients_closed_total{queue="link"}`) - closedBefore; n != 1 {
+		t.Fatalf("%v clients closed for the link's queue, want the flooder only", n)
+	}
+	return true
 }

@@ -298,6 +298,7 @@ func (h *Handler) toInstance(a *attachment, msg []byte, f *ndjson.Frame) {
 		}
 		err := l.q.Put(a.buf, true, a.conn.Done())
 		if err == nil {
+			l.share.counted(len(a.buf) + 1)
 			h.m.toInstance.Inc()
 			if cap(a.buf) > maxKeptBuffer {
 				a.buf = nil

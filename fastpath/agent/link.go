@@ -46,13 +46,16 @@ const (
 // The goroutine fasthttp hands the connection to reads it; the queue's
 // goroutine writes it; a third probes it when it goes quiet.
 type link struct {
-	h    *Handler
-	in   *instance
-	gen  uint64 // order of authentication: the newest link wins
-	nc   net.Conn
-	r    *ndjson.Reader
-	q    *sendq.Queue
-	done chan struct{} // closed when the link has ended entirely
+	h   *Handler
+	in  *instance
+	gen uint64 // order of authentication: the newest link wins
+	nc  net.Conn
+	r   *ndjson.Reader
+	q   *sendq.Queue
+	// share is who holds the queue's bytes, for remoteLink.Offer; every
+	// put into q is counted in it.
+	share share
+	done  chan struct{} // closed when the link has ended entirely
 	// hold is the link's hold on its instance in the route, from its
 	// install to its end; set and used by the reading goroutine.
 	hold route.AgentLinkHold
@@ -136,7 +139,11 @@ func (l *link) setReadDeadline(t time.Time) {
 // send queues one frame the relay wrote itself. A queue full even into its
 // reserve means the runtime stopped reading: the link is dropped.
 func (l *link) send(frame []byte) {
-	if err := l.q.TryPut(frame, true); errors.Is(err, sendq.ErrFull) {
+	err := l.q.TryPut(frame, true)
+	if err == nil {
+		l.share.counted(len(frame) + 1)
+	}
+	if errors.Is(err, sendq.ErrFull) {
 		l.abort(endOverflow)
 	}
 }
@@ -284,6 +291,7 @@ func (h *Handler) install(l *link, welcome []byte) bool {
 		in.mu.Unlock()
 		return false
 	}
+	l.share.counted(len(welcome) + 1)
 	in.link = l
 	in.cur.Store(l)
 	in.mu.Unlock()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"edgerelay/fastpath/ndjson"
 	"edgerelay/fastpath/ws"
 	"edgerelay/route"
 )
@@ -17,23 +18,59 @@ var (
 )
 
 // Offer implements route.AgentLink: it queues a client's line from
-// another node if it fits, and reports false when the queue had no room:
-// the route then closes that client (a client here would wait, but the
-// route's reader must never wait for a runtime that stopped reading). A link that is closing drops the line
-// (true: nothing for the route to do). Within the bound, as a client
-// here: the reserve above it stays for the relay's own frames (acks,
-// detaches), which would otherwise find it full and drop the link.
-func (r remoteLink) Offer(line []byte) bool {
+// another node if it fits within the bound, as a client here (the reserve
+// above it stays for the relay's own frames: acks, detaches, which would
+// otherwise find it full and drop the link). When the queue has no room,
+// the client to close is the one whose lines hold the most of it (see
+// share): the line's sender, or another client, in which case the line is
+// queued into collisionRoom if it fits there (else its sender is closed
+// too, as the next biggest it cannot wait). A link that is closing drops
+// the line (nil: nothing for the route to do).
+func (r remoteLink) Offer(line []byte) []byte {
 	l := r.l
-	if err := l.q.Put(line, true, l.h.nowait); err != nil {
-		// With nowait a full queue is ErrClosed too: l.closed, set before
-		// the queue closes, tells the two apart.
-		l.h.m.dropOffline.Inc()
-		return l.closed.Load()
+	var sess []byte
+	if f, err := ndjson.Scan(line); err == nil && f.Session.Present() && !f.Session.Escaped {
+		sess = f.Session.Raw(line)
 	}
+	n := len(line) + 1
+	s := &l.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := l.q.Put(line, true, l.h.nowait); err == nil {
+		end := s.counted(n)
+		if sess != nil {
+			s.addLocked(sess, n, end)
+		}
+		l.h.m.toInstance.Inc()
+		return nil
+	}
+	// With nowait a full queue is ErrClosed too: l.closed, set before the
+	// queue closes, tells the two apart.
+	if l.closed.Load() || sess == nil {
+		l.h.m.dropOffline.Inc()
+		return nil
+	}
+	s.forgetLocked(l.q.Queued())
+	top, _ := s.mostLocked()
+	if top == nil || top.session == string(sess) {
+		l.h.m.dropOffline.Inc()
+		return sess
+	}
+	if l.q.Queued()+n > l.h.cfg.LinkQueue+collisionRoom || l.q.TryPut(line, true) != nil {
+		l.h.m.dropOffline.Inc()
+		return sess
+	}
+	s.addLocked(sess, n, s.counted(n))
 	l.h.m.toInstance.Inc()
-	return true
+	return []byte(top.session)
 }
+
+// collisionRoom is how far past the link's bound the lines of clients on
+// other nodes colliding with the one holding the most of the queue may go:
+// half of the queue's reserve (sendq's default, 64 KiB), the other half
+// staying for the relay's own frames, the acp.detach of the client closed
+// among them.
+const collisionRoom = 32 << 10
 
 // Detached tells the runtime that a client on a node that died is gone.
 func (r remoteLink) Detached(session []byte) {

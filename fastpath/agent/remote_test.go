@@ -2,10 +2,12 @@ package agent_test
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"edgerelay/fastpath/alloctest"
 	"edgerelay/route"
 )
 
@@ -91,5 +93,115 @@ func TestRemoteLinesLeaveTheReserve(t *testing.T) {
 		if strings.HasPrefix(got, `{"type":"relay.ack"`) && strings.Contains(got, `"re":"hb"`) {
 			break
 		}
+	}
+}
+
+// TestRemoteCollisionClosesTheBiggest: when a line from a client on
+// another node finds the link's queue full (the runtime stopped reading),
+// the client to close is the one whose lines hold the most of it: the
+// flooder, for its own line and for a calm client's small line colliding
+// with it, which is queued (the runtime reads it once it reads again); a
+// calm line too big for the room kept for such collisions closes its own
+// sender, which cannot wait.
+func TestRemoteCollisionClosesTheBiggest(t *testing.T) {
+	c := &catcher{links: make(chan route.AgentLink, 1), missed: make(chan string, 1)}
+	r := startRelay(t, relayOpts{route: c, heartbeatEvery: time.Hour})
+	r.account("acme")
+	p := r.pair("acme", "host-1")
+	conn, br := r.rawLink(p.token)
+	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(w, `{"type":"relay.welcome"`) {
+		t.Fatalf("welcome %q %v", w, err)
+	}
+	var l route.AgentLink
+	select {
+	case l = <-c.links:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the link was not given to the route")
+	}
+	const flooder, calm = "att-000000000000000000000001", "att-000000000000000000000002"
+	line := func(sess, typ string, pad int) []byte {
+		return []byte(`{"type":"` + typ + `","instance":"` + p.id + `","session":"` + sess + `","pad":"` + strings.Repeat("p", pad) + `"}`)
+	}
+	// A calm line first, written long before the queue fills.
+	if got := l.Offer(line(calm, "early", 10)); got != nil {
+		t.Fatalf("the first line: close %s", got)
+	}
+	// The flood to the bound's last few KiB: 1 MiB lines, then 4 KiB ones
+	// (256 MiB of them: far more than the queue and the socket buffers
+	// hold).
+	for _, size := range []int{1 << 20, 4 << 10} {
+		flood, full := line(flooder, "flood", size), false
+		for range (256 << 20) / size {
+			if got := l.Offer(flood); got != nil {
+				if string(got) != flooder {
+					t.Fatalf("the flooder's line did not fit: close %s, want the flooder", got)
+				}
+				full = true
+				break
+			}
+		}
+		if !full {
+			t.Fatal("the flooder's lines never filled the link's queue")
+		}
+	}
+	if got := l.Offer(line(calm, "collide", 8<<10)); string(got) != flooder {
+		t.Fatalf("a calm client's small line colliding with the flooder: close %q, want the flooder", got)
+	}
+	if got := l.Offer(line(calm, "huge", 128<<10)); string(got) != calm {
+		t.Fatalf("a calm line past the collision room: close %q, want its sender", got)
+	}
+	// The runtime reads again: the colliding line is there, after the
+	// flood queued before it; the huge one is not.
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		got, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the link ended before the colliding line: %v", err)
+		}
+		if strings.Contains(got, `"type":"huge"`) {
+			t.Fatal("the line past the collision room was queued")
+		}
+		if strings.Contains(got, `"type":"collide"`) {
+			break
+		}
+	}
+}
+
+// TestRemoteOfferAllocatesNothing: a line from a client on another node
+// costs no allocation in steady state, its sender's share of the queue
+// counted (two clients alternating, so that every line starts a run).
+func TestRemoteOfferAllocatesNothing(t *testing.T) {
+	if alloctest.RaceEnabled() {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	c := &catcher{links: make(chan route.AgentLink, 1), missed: make(chan string, 1)}
+	r := startRelay(t, relayOpts{route: c, heartbeatEvery: time.Hour})
+	r.account("acme")
+	p := r.pair("acme", "host-1")
+	conn, br := r.rawLink(p.token)
+	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, br) }() // the runtime reads
+	l := <-c.links
+	lines := [2][]byte{}
+	for k, sess := range []string{"att-000000000000000000000001", "att-000000000000000000000002"} {
+		lines[k] = []byte(`{"type":"m","instance":"` + p.id + `","session":"` + sess + `","payload":"` + strings.Repeat("x", 1000) + `"}`)
+	}
+	k := 0
+	offer := func() {
+		if got := l.Offer(lines[k%2]); got != nil {
+			t.Fatalf("close %s with the runtime reading", got)
+		}
+		k++
+	}
+	for range 1000 {
+		offer()
+	}
+	if n := testing.AllocsPerRun(2000, offer); n > 0 {
+		t.Fatalf("Offer: %.2f allocations per line", n)
 	}
 }

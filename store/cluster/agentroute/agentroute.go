@@ -48,14 +48,17 @@
 //     handler's bounded queues, which close a slow client with 1013.
 //   - Flow control from a client to a link on another node: a client here
 //     waits for room in a link on its own node's queue, but one elsewhere
-//     cannot (the link's node reads NATS, which must not wait). So a line
-//     that does not fit the link's queue (AgentLink.Offer) closes the client
-//     that sent it, as at a client's own queue bound: the link's node tells
-//     the runtime acp.detach at once (from the queue's reserve), drops that
-//     client's lines still in flight, and tells the client's node
-//     (Er-Overflow on the session's subject), which closes it with 1013 and
-//     gives its slot back. The runtime, the link and the other clients flow
-//     on; the client's own acp.detach is not sent twice.
+//     cannot (the link's node reads NATS, which must not wait). So when a
+//     line does not fit the link's queue (AgentLink.Offer), the client
+//     closed is the one whose lines hold the most of that queue (the link
+//     counts each remote sender's bytes in it): the flooder, whether the
+//     line was its own or another client's colliding with it (that line is
+//     queued, in a small room past the bound kept for such collisions). The
+//     link's node tells the runtime acp.detach at once (from the queue's
+//     reserve), drops that client's lines still in flight, and tells the
+//     client's node (Er-Overflow on the session's subject), which closes it
+//     with 1013 and gives its slot back. The runtime, the link and the other
+//     clients flow on; the client's own acp.detach is not sent twice.
 //   - Lines longer than a NATS payload (max_payload, 1 MB by default) go
 //     as chunks with an Er-Chunk header "<node>/<msgid>/<i>/<n>", in order
 //     on this node's one connection, and are reassembled by the receiving
@@ -676,14 +679,9 @@ func (lh *linkHold) deliver(line []byte) {
 			return
 		}
 	}
-	if lh.l.Offer(line) {
-		return
+	if sess := lh.l.Offer(line); sess != nil && safeSession(sess) {
+		lh.overflow(string(sess))
 	}
-	sess := sessionOf(line)
-	if sess == nil || !safeSession(sess) {
-		return // not a client's line: dropped, as ever
-	}
-	lh.overflow(string(sess))
 }
 
 // sessionOf is the session a client's line was spliced with, or nil.
@@ -702,8 +700,9 @@ func (lh *linkHold) isOverflowed(session []byte) bool {
 	return ok
 }
 
-// overflow ends a client whose line did not fit the link's queue: the
-// runtime is told at once, the client's node closes it.
+// overflow ends the client holding the most of the link's queue when a
+// line did not fit it: the runtime is told at once, the client's node
+// closes it.
 func (lh *linkHold) overflow(session string) {
 	lh.mu.Lock()
 	_, done := lh.ended[session]
@@ -719,7 +718,7 @@ func (lh *linkHold) overflow(session string) {
 	if done {
 		return
 	}
-	lh.r.log.Info("agent: client closed: its line did not fit the link's queue on another node", "instance", lh.i.name, "session", session)
+	lh.r.log.Info("agent: client closed: it held the most of the link's queue on another node when a line did not fit", "instance", lh.i.name, "session", session)
 	lh.l.Detached([]byte(session))
 	m := &nats.Msg{Subject: "er.ag." + lh.i.name + ".s." + session, Header: nats.Header{}}
 	m.Header.Set(hdrOverflow, "1")

@@ -36,9 +36,9 @@ func (s *sink) Deliver(line []byte) {
 }
 
 // Offer takes every line (a link whose queue is never full).
-func (s *sink) Offer(line []byte) bool {
+func (s *sink) Offer(line []byte) []byte {
 	s.Deliver(line)
-	return true
+	return nil
 }
 func (s *sink) Overflowed() {}
 func (s *sink) Fenced()     {}
@@ -400,12 +400,14 @@ type flowLink struct {
 	full atomic.Bool
 }
 
-func (f *flowLink) Offer(line []byte) bool {
+func (f *flowLink) Offer(line []byte) []byte {
 	if f.full.Load() {
-		return false
+		// Its sender holds the most.
+		f, _ := ndjson.Scan(line)
+		return f.Session.Raw(line)
 	}
 	f.Deliver(line)
-	return true
+	return nil
 }
 
 // overflowClient counts Overflowed calls.

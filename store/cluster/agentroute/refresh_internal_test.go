@@ -11,10 +11,10 @@ import (
 
 type nopLink struct{}
 
-func (nopLink) Offer([]byte) bool { return true }
-func (nopLink) Detached([]byte)   {}
-func (nopLink) Replaced()         {}
-func (nopLink) Fenced()           {}
+func (nopLink) Offer([]byte) []byte { return nil }
+func (nopLink) Detached([]byte)     {}
+func (nopLink) Replaced()           {}
+func (nopLink) Fenced()             {}
 
 type nopClient struct{}
 
