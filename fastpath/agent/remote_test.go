@@ -1,8 +1,10 @@
 package agent_test
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -36,13 +38,11 @@ func (h catcherHold) ToSession(session, _ []byte) bool {
 }
 func (catcherHold) Release() {}
 
-// TestRemoteLinesLeaveTheReserve: lines from clients on other nodes for a
-// runtime that stopped reading fill the link's queue up to its bound and
-// are dropped past it, never into the reserve kept for the relay's own
-// frames: a heartbeat sent meanwhile is still acked and the link lives
-// (with the reserve taken, the ack found the queue full and the link was
-// dropped as overflowing).
-func TestRemoteLinesLeaveTheReserve(t *testing.T) {
+// remoteLinkOf is a raw link through the catcher route, welcomed, and the
+// link as the route sees it; the runtime reads nothing unless the test
+// does.
+func remoteLinkOf(t *testing.T) (*catcher, paired, net.Conn, *bufio.Reader, route.AgentLink) {
+	t.Helper()
 	c := &catcher{links: make(chan route.AgentLink, 1), missed: make(chan string, 1)}
 	r := startRelay(t, relayOpts{route: c, heartbeatEvery: time.Hour})
 	r.account("acme")
@@ -54,12 +54,23 @@ func TestRemoteLinesLeaveTheReserve(t *testing.T) {
 	if w, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(w, `{"type":"relay.welcome"`) {
 		t.Fatalf("welcome %q %v", w, err)
 	}
-	var l route.AgentLink
 	select {
-	case l = <-c.links:
+	case l := <-c.links:
+		return c, p, conn, br, l
 	case <-time.After(5 * time.Second):
 		t.Fatal("the link was not given to the route")
+		return nil, paired{}, nil, nil, nil
 	}
+}
+
+// TestRemoteLinesLeaveTheReserve: lines from clients on other nodes for a
+// runtime that stopped reading fill the link's queue up to its bound and
+// are dropped past it, never into the reserve kept for the relay's own
+// frames: a heartbeat sent meanwhile is still acked and the link lives
+// (with the reserve taken, the ack found the queue full and the link was
+// dropped as overflowing).
+func TestRemoteLinesLeaveTheReserve(t *testing.T) {
+	c, p, conn, br, l := remoteLinkOf(t)
 	// 64 MiB from other nodes, more than the link's queue (32 MiB) and
 	// the socket buffers hold while the runtime reads nothing, then small
 	// lines, which would fill the reserve to its last bytes (a 1 MiB line
@@ -104,23 +115,7 @@ func TestRemoteLinesLeaveTheReserve(t *testing.T) {
 // calm line too big for the room kept for such collisions closes its own
 // sender, which cannot wait.
 func TestRemoteCollisionClosesTheBiggest(t *testing.T) {
-	c := &catcher{links: make(chan route.AgentLink, 1), missed: make(chan string, 1)}
-	r := startRelay(t, relayOpts{route: c, heartbeatEvery: time.Hour})
-	r.account("acme")
-	p := r.pair("acme", "host-1")
-	conn, br := r.rawLink(p.token)
-	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
-		t.Fatal(err)
-	}
-	if w, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(w, `{"type":"relay.welcome"`) {
-		t.Fatalf("welcome %q %v", w, err)
-	}
-	var l route.AgentLink
-	select {
-	case l = <-c.links:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the link was not given to the route")
-	}
+	_, p, conn, br, l := remoteLinkOf(t)
 	const flooder, calm = "att-000000000000000000000001", "att-000000000000000000000002"
 	line := func(sess, typ string, pad int) []byte {
 		return []byte(`{"type":"` + typ + `","instance":"` + p.id + `","session":"` + sess + `","pad":"` + strings.Repeat("p", pad) + `"}`)
@@ -177,16 +172,8 @@ func TestRemoteOfferAllocatesNothing(t *testing.T) {
 	if alloctest.RaceEnabled() {
 		t.Skip("allocation counts are meaningless under -race")
 	}
-	c := &catcher{links: make(chan route.AgentLink, 1), missed: make(chan string, 1)}
-	r := startRelay(t, relayOpts{route: c, heartbeatEvery: time.Hour})
-	r.account("acme")
-	p := r.pair("acme", "host-1")
-	conn, br := r.rawLink(p.token)
-	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
-		t.Fatal(err)
-	}
+	_, p, _, br, l := remoteLinkOf(t)
 	go func() { _, _ = io.Copy(io.Discard, br) }() // the runtime reads
-	l := <-c.links
 	lines := [2][]byte{}
 	for k, sess := range []string{"att-000000000000000000000001", "att-000000000000000000000002"} {
 		lines[k] = []byte(`{"type":"m","instance":"` + p.id + `","session":"` + sess + `","payload":"` + strings.Repeat("x", 1000) + `"}`)
