@@ -55,6 +55,9 @@ func TestClusterSignalsPeerNodeDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.WaitEvents(t, "paired again through node 1", "peer 1", "peer 0", "peer 1")
+	// A frame is forwarded once its sender was told peer 1 (before,
+	// it is dropped, as the spec says for an absent other side).
+	c2.WaitEvents(t, "the new companion hears the primary", "peer 1")
 	cs.Send([]byte("hello"))
 	routetest.Eventually(t, "a frame through the new pair", func() error {
 		if got := p.Frames(); len(got) != 1 || got[0] != "hello" {
