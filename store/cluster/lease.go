@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -71,7 +73,13 @@ func (l *Leases) live(h Holder) bool { return l.c.PeerAlive(h.Node, h.Incarnatio
 // live holder this hold replaced (zero when there was none), for the
 // caller to tell its node; me is this hold, whose Gen names it.
 func (l *Leases) Hold(ctx context.Context, key string, exclusive bool) (me, prev Holder, err error) {
-	for range 32 {
+	for round := range holdRounds {
+		// A conflict may be another write still in its Raft round (it
+		// answers at once): contenders spread out instead of spending
+		// every round in the same moment.
+		if round > 0 && !Backoff(ctx, round-1, holdPause) {
+			return Holder{}, Holder{}, Fail("lease "+key, ctx.Err())
+		}
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		e, gerr := l.kv.Get(ctx, key)
 		switch {
@@ -103,7 +111,30 @@ func (l *Leases) Hold(ctx context.Context, key string, exclusive bool) (me, prev
 		}
 		prev = Holder{}
 	}
-	return Holder{}, Holder{}, Fail("lease "+key, fmt.Errorf("no hold after 32 contended rounds"))
+	return Holder{}, Holder{}, Fail("lease "+key, fmt.Errorf("no hold after %d contended rounds", holdRounds))
+}
+
+// Hold's compare-and-set rounds and the longest pause between two: about
+// 2 s of contention in all.
+const (
+	holdRounds = 64
+	holdPause  = 64 * time.Millisecond
+)
+
+// Backoff waits before a retry of a write that collided, try the number
+// of tries so far: a random wait (writers that collided would collide
+// again at once), longer with each try up to max; false if ctx ends
+// first.
+func Backoff(ctx context.Context, try int, max time.Duration) bool {
+	d := time.Duration(rand.Int64N(int64(min(try+1, 16)) * int64(max/16)))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // Release gives key back if me still holds it (a newer hold stays),

@@ -72,7 +72,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -283,20 +282,8 @@ func (r *Router) holder(ctx context.Context, name string) (cluster.Holder, bool,
 	}
 }
 
-// pause waits before a retry, try the number of tries so far: a short
-// random wait (writers that collided would collide again at once), longer
-// with each try up to maxPause; false if ctx ends first.
-func pause(ctx context.Context, try int) bool {
-	d := time.Duration(rand.Int64N(int64(min(try+1, 16)) * int64(maxPause/16)))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// pause waits before a retry (cluster.Backoff); false if ctx ends first.
+func pause(ctx context.Context, try int) bool { return cluster.Backoff(ctx, try, maxPause) }
 
 // maxPause bounds one wait between the tries of a store operation.
 const maxPause = 64 * time.Millisecond
