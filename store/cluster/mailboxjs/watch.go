@@ -254,12 +254,23 @@ func (w *Watch) catchUp(ctx context.Context, last, upTo uint64) (uint64, error) 
 // readBack reads a direction's messages after stream sequence last up to
 // and including upTo from the stream, in stream order, passing each to
 // handle (false: stop, errDeliverStopped), and returns the last one read.
-// A lagging replica is asked again.
+// The leader first says where the direction's messages resume: a replica
+// may not have applied a purge (a prune, an erase) yet and would hand back
+// envelopes the reader has pruned. A replica that lags is asked again.
+// (Read-backs are rare, gaps only: the leader's round trip is not on the
+// path of a watch that lost nothing.)
 func (s *Store) readBack(ctx context.Context, n names, dir byte, last, upTo uint64, handle func(subject string, data []byte) bool) (uint64, error) {
 	for lagged := 0; last < upTo; {
+		next, err := s.leaderGet(ctx, n.stream, getReq{Seq: last + 1, NextFor: n.dirAll(dir)})
+		if errors.Is(err, errNoMsg) || (err == nil && next.seq > upTo) {
+			return upTo, nil // nothing left up to upTo: the reader pruned it
+		}
+		if err != nil {
+			return last, err
+		}
 		got := 0
 		stopped := false
-		_, err := s.directBatch(ctx, n.stream, n.dirAll(dir), last+1, upTo, 256, scanBatchBytes, func(m *msg) bool {
+		_, err = s.directBatch(ctx, n.stream, n.dirAll(dir), next.seq, upTo, 256, scanBatchBytes, func(m *msg) bool {
 			got++
 			last = m.seq
 			stopped = !handle(m.subject, m.data)
@@ -272,15 +283,7 @@ func (s *Store) readBack(ctx context.Context, n names, dir byte, last, upTo uint
 			return last, errDeliverStopped
 		}
 		if got == 0 {
-			// Either the replica lags, or what was missed was purged
-			// since (a prune, an erase): the leader tells.
-			m, err := s.leaderGet(ctx, n.stream, getReq{Seq: last + 1, NextFor: n.dirAll(dir)})
-			if errors.Is(err, errNoMsg) || (err == nil && m.seq > upTo) {
-				return upTo, nil // nothing left up to upTo: the reader pruned it
-			}
-			if err != nil {
-				return last, err
-			}
+			// The leader has a message the replica has not.
 			if lagged++; lagged > maxLagPolls {
 				return last, cluster.Fail("watch "+n.dirAll(dir), errors.New("no replica has the missed messages"))
 			}
