@@ -193,7 +193,7 @@ func TestStormDefaultLimitsRefuseCleanly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 
-	const acceptBurst, perIP = 2000, 1000 // the defaults, cmd/edgerelay/config
+	const acceptBurst, acceptRate, perIP = 2000, 1000, 1000 // the defaults, cmd/edgerelay/config
 	// Twice the burst: the clients dial faster than the bucket refills, so
 	// about half of the storm is refused even on a slow machine.
 	n := min(2*acceptBurst*scale, stormFDBudget(t, sc))
@@ -265,9 +265,16 @@ func TestStormDefaultLimitsRefuseCleanly(t *testing.T) {
 	if err := set.verify(ctx, 1); err != nil {
 		t.Fatalf("storm: %v", err)
 	}
-	check("storm", time.Since(cut))
-	if _, sum := refused(); sum == atOpen {
-		t.Fatalf("a storm of %d sockets over a burst of %d was not refused at all: the accept-rate limit did not act", n, acceptBurst)
+	stormTook := time.Since(cut)
+	check("storm", stormTook)
+	// The bucket admits acceptBurst plus acceptRate a second: a storm
+	// that offered more than that must have been refused in part. (Under
+	// -race on a loaded box the clients may not dial faster than the
+	// refill; then nothing had to be refused.)
+	if _, sum := refused(); sum == atOpen && float64(n) > acceptBurst+acceptRate*stormTook.Seconds() {
+		t.Fatalf("a storm of %d sockets in %v over a burst of %d and %d a second was not refused at all: the accept-rate limit did not act", n, stormTook, acceptBurst, acceptRate)
+	} else if sum == atOpen {
+		t.Logf("the storm took %v: within the bucket's burst and refill, nothing had to be refused", stormTook)
 	}
 
 	set.cut()

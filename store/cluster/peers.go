@@ -52,6 +52,14 @@ const (
 	// judgedKept bounds how long a peer judged gone is remembered (a
 	// node that never comes back); a cut that heals later is told no more.
 	judgedKept = 10 * time.Minute
+	// ownFresh: a node judges others only while its own beats come back
+	// within it. A node that stalled (SIGSTOP, a long pause) has heard
+	// nobody meanwhile, itself included: on waking it must not judge the
+	// others by a silence that was its own, or it would take their notice
+	// that they judged it gone for a cut both sides acted on, and not
+	// fence (seen in CI: woken 1.5 s after its last own beat, it judged
+	// them before hearing their queued beats).
+	ownFresh = peerSilence / 2
 )
 
 // peer is one (node, incarnation) heard from.
@@ -271,12 +279,12 @@ func (p *peers) seed(node, inc string) {
 }
 
 // judge declares gone the peers silent for peerSilence, unless this node
-// has not heard itself for that long either.
+// has not heard itself for ownFresh.
 func (c *Cluster) judge(now time.Time) {
 	p := c.peers
 	var goneNow []peer
 	p.mu.Lock()
-	if now.Sub(p.ownSeen) < peerSilence {
+	if now.Sub(p.ownSeen) < ownFresh {
 		for k, at := range p.seen {
 			if now.Sub(at) >= peerSilence {
 				// Gone, but not for good: a node cut off for a while

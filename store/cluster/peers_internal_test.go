@@ -212,3 +212,26 @@ func TestPeersSeededNodeGoesAtGrace(t *testing.T) {
 		t.Fatalf("gone %v, want [b/b1]", gone)
 	}
 }
+
+// TestPeersStalledNodeFencesOnWaking: a node that stalled (its own beats
+// and everyone's unheard) wakes with every peer's last beat old; it must
+// not judge them by its own silence, so that their notice (they judged it
+// gone) fences it, even when its own beats' gap fell just short of
+// peerSilence.
+func TestPeersStalledNodeFencesOnWaking(t *testing.T) {
+	f := newFencing()
+	p := f.c.peers
+	f.c.heard(false, "b b1")
+	woke := time.Now()
+	p.ownSeen = woke.Add(-peerSilence + 50*time.Millisecond) // just short of the own-gap rule
+	p.seen[peer{"b", "b1"}] = woke.Add(-peerSilence)
+	f.c.judge(woke)
+	if !f.c.PeerAlive("b", "b1") {
+		t.Fatal("a node waking from a stall judged its peer by its own silence")
+	}
+	f.c.heard(false, "a a1")
+	f.fenced(t, 0)
+	f.c.heard(false, "b b1")
+	f.c.toldJudged("a a1 b b1", time.Now())
+	f.fenced(t, 1)
+}
