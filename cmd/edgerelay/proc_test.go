@@ -301,12 +301,39 @@ func lastLine(s string) string {
 // across a restart.
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handed.Lock()
+	defer handed.Unlock()
+	if handed.addrs == nil {
+		handed.addrs = make(map[string]bool)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	// The kernel may hand a port closed a moment ago to the next caller
+	// again: with tests in parallel, two servers were given one port
+	// (a node's client port as another's route port). A port is handed
+	// out once per test process; one handed already is held open while
+	// the kernel picks another.
+	var held []net.Listener
+	defer func() {
+		for _, ln := range held {
+			_ = ln.Close()
+		}
+	}()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, ln)
+		if addr := ln.Addr().String(); !handed.addrs[addr] {
+			handed.addrs[addr] = true
+			return addr
+		}
+	}
+}
+
+// handed is every address freePort returned in this test process.
+var handed struct {
+	sync.Mutex
+	addrs map[string]bool
 }
 
 func get(t *testing.T, url string) (int, string) {
