@@ -169,9 +169,7 @@ func TestRemoteCollisionClosesTheBiggest(t *testing.T) {
 // costs no allocation in steady state, its sender's share of the queue
 // counted (two clients alternating, so that every line starts a run).
 func TestRemoteOfferAllocatesNothing(t *testing.T) {
-	if alloctest.RaceEnabled() {
-		t.Skip("allocation counts are meaningless under -race")
-	}
+	alloctest.SkipUnderRace(t)
 	_, p, _, br, l := remoteLinkOf(t)
 	go func() { _, _ = io.Copy(io.Discard, br) }() // the runtime reads
 	lines := [2][]byte{}

@@ -69,3 +69,13 @@ func RaceEnabled() bool {
 	}
 	return false
 }
+
+// SkipUnderRace skips an allocation proof in a -race run (see
+// RaceEnabled): make test runs every test named Alloc once more without
+// it, where the proof asserts its zeros.
+func SkipUnderRace(t testing.TB) {
+	t.Helper()
+	if RaceEnabled() {
+		t.Skip("allocation counts are not meaningful under -race; make test asserts them in its run without it")
+	}
+}

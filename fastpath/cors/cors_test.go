@@ -251,9 +251,7 @@ func TestOffIsNil(t *testing.T) {
 // TestDecisionsAllocNothing: with CORS on, a preflight and a decorated
 // answer allocate nothing once the response header's buffers have grown.
 func TestDecisionsAllocNothing(t *testing.T) {
-	if alloctest.RaceEnabled() {
-		t.Skip("allocation counts are not meaningful under -race")
-	}
+	alloctest.SkipUnderRace(t)
 	for _, origins := range []string{listed, "*"} {
 		p := policy(t, origins)
 		pre := request("OPTIONS", "Origin", listed, "Access-Control-Request-Method", "PUT",

@@ -14,9 +14,7 @@ import (
 // here): the subjects are made once, the line is copied into the
 // connection's buffer.
 func TestAllocSend(t *testing.T) {
-	if alloctest.RaceEnabled() {
-		t.Skip("allocation counts are meaningless under -race")
-	}
+	alloctest.SkipUnderRace(t)
 	nodes, rs := routers(t)
 	ctx := t.Context()
 	var link, c sink

@@ -14,9 +14,7 @@ import (
 // message goes to a pooled buffer); the same frames between a phone and
 // its computer on one node allocate nothing.
 func TestAllocCrossNodeFrame(t *testing.T) {
-	if alloctest.RaceEnabled() {
-		t.Skip("allocation counts are meaningless under -race")
-	}
+	alloctest.SkipUnderRace(t)
 	nodes := clustertest.Start(t, 3)
 	rs := routers(t, nodes)
 	key, h, _ := computer(t, rs[0])

@@ -12,9 +12,7 @@ import (
 // but the receipt's (clustertest.PublishAllocs, Received), and one to a
 // side on the same node allocates nothing at all.
 func TestAllocCrossNodeFrame(t *testing.T) {
-	if alloctest.RaceEnabled() {
-		t.Skip("allocation counts are meaningless under -race")
-	}
+	alloctest.SkipUnderRace(t)
 	nodes := clustertest.Start(t, 3)
 	rs := routers(t, nodes)
 	msg := make([]byte, frameSize)
