@@ -1,5 +1,7 @@
 package clustertest
 
+import "time"
+
 // Fence makes node i fence itself as if node j had judged it gone by its
 // silence and then heard it again: j sends the notice of
 // store/cluster/peers.go on er.node.judged, "<i node> <i incarnation>
@@ -11,6 +13,10 @@ func (c *Nodes) Fence(i, j int) {
 	if a == nil || b == nil {
 		c.t.Fatalf("clustertest: fence node %d by node %d: a node is stopped", i, j)
 	}
+	// Right after the start, node i's interest in er.node.* may not have
+	// reached node j's server yet, and the notice would be lost: wait
+	// until node i's server carries j's beats (the same interest's way).
+	WaitBeat(c.t, a.Conn(), b.Node()+" "+b.Incarnation(), 10*time.Second)
 	notice := a.Node() + " " + a.Incarnation() + " " + b.Node() + " " + b.Incarnation()
 	if err := b.Conn().Publish("er.node.judged", []byte(notice)); err != nil {
 		c.t.Fatalf("clustertest: fence node %d by node %d: %v", i, j, err)
