@@ -1,0 +1,2 @@
+// The SDK's public surface: every module re-exported (see README.md).
+export {};
