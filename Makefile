@@ -4,10 +4,21 @@ FUZZPKG ?= ./...
 # make soak: the reliability tests through the binary, SOAK times longer.
 SOAK ?= 10
 
-.PHONY: run build test bench fuzz soak cluster
+.PHONY: run build test bench fuzz soak cluster js
 
-run:
-	$(GO) run ./cmd/edgerelay serve
+# make run: the whole relay on loopback with the first-run demo (RELAY_DEMO:
+# the demo mailbox app with signal and ice, TURN with a generated secret,
+# the SDK's chat example on http://127.0.0.1:8088/examples/chat/).
+run: js
+	$(GO) run ./cmd/edgerelay serve --demo
+
+# make js: the JavaScript SDK's packages (npm ci, again only when the lock
+# file changed) and its build into sdk/js/dist.
+js: sdk/js/node_modules/.package-lock.json
+	cd sdk/js && npm run --silent build
+
+sdk/js/node_modules/.package-lock.json: sdk/js/package-lock.json sdk/js/package.json
+	cd sdk/js && npm ci --no-audit --no-fund
 
 # make cluster: three cluster-mode nodes with embedded NATS on loopback
 # (scripts/cluster.sh says which ports); Ctrl-C stops them.
@@ -17,8 +28,9 @@ cluster:
 build:
 	$(GO) build -o bin/edgerelay ./cmd/edgerelay
 
-test:
+test: js
 	$(GO) vet ./...
+	cd sdk/js && npm test
 	$(GO) test -race -count=1 -timeout 15m ./...
 	# The race detector adds allocations of its own: the zero-allocation
 	# proofs run once more without it.

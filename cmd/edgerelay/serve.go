@@ -63,6 +63,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
 		return 2
 	}
+	if cfg, err = applyDemo(cfg); err != nil {
+		fmt.Fprintf(stderr, "edgerelay serve: %v\n", err)
+		return 2
+	}
 	// Repeated warnings and errors (a store refusing every write, a
 	// background job failing in a loop) are bounded per message.
 	log := slog.New(ratelog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}), ratelog.Config{}))
@@ -191,6 +195,13 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		services = append(services, svc)
 		lines[config.Channel] = "add a computer: edgerelay keys channel add --host NAME (prints its claim key)"
 	}
+	// TURN starts before the mailbox: ice names the port TURN was given
+	// (a listen address with port 0 has none before).
+	if l := cfg.Listeners[config.TURN]; l.On() {
+		if err := r.startTURN(cfg, l, reg, lines); err != nil {
+			return nil, err
+		}
+	}
 	pushers := loadPushers(cfg, log)
 	if l := cfg.Listeners[config.Mailbox]; l.On() {
 		apps, err := mailbox.ParseApps(cfg.Mailbox.Apps)
@@ -205,7 +216,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		h, err := mailbox.New(mailbox.Config{
 			Store: mailboxes, Apps: apps, Log: mlog,
 			SweepEvery: min(cfg.Mailbox.Idle/4, time.Minute), MaxEnvelope: cfg.Mailbox.MaxEnvelope,
-			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg), Push: pushers, DetachSockets: true,
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg, r.turn), Push: pushers, DetachSockets: true,
 			Signals: r.signals(), CORS: cors.New(cfg.CORS, mailbox.CORSRules()),
 		})
 		if err != nil {
@@ -231,11 +242,6 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			lines[config.Mailbox] = "apps " + strings.Join(names, ", ") + " under /v1/<app>/mailbox/<id>"
 		}
 	}
-	if l := cfg.Listeners[config.TURN]; l.On() {
-		if err := r.startTURN(cfg, l, reg, lines); err != nil {
-			return nil, err
-		}
-	}
 	pushKeys, err := r.startPushGateway(ctx, cfg, pushers, reg, &services, lines)
 	if err != nil {
 		return nil, err
@@ -257,6 +263,15 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin,
 		AgentKeys: agentKeys, AgentPublicKey: agentPub, Storage: unavailable, Log: log.With("service", "admin"),
 	})
+	demoOff := ""
+	if cfg.Demo.On && cfg.Demo.Listen != "" {
+		if h, err := demoHandler(cfg.Demo.Dir); err != nil {
+			demoOff = err.Error()
+		} else {
+			services = append(services, r.service(string(demoService), config.Listener{Addr: cfg.Demo.Listen}, h, nil))
+			lines[demoService] = "the example app: open http://" + cfg.Demo.Listen + "/examples/chat/ in two windows (mailbox app demo with signal and ice, TURN)"
+		}
+	}
 	if cfg.AdminListen != "" {
 		// The same caps as every other listener: the admin listener is
 		// loopback by default, but nothing stops an operator from exposing it.
@@ -310,6 +325,9 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		}
 		fmt.Fprintf(stdout, "%-9s listening on %s://%s — %s\n", ln.Name()+":", scheme, ln.Addr(), what)
 		log.Info("listening", "service", ln.Name(), "addr", ln.Addr().String(), "scheme", scheme)
+	}
+	if demoOff != "" {
+		fmt.Fprintf(stdout, "%-9s off: %s\n", string(demoService)+":", demoOff)
 	}
 	for _, s := range config.Services() {
 		if msg, ok := lines[s]; ok && s != config.Channel && s != config.Mailbox && s != config.PushFCM && s != config.PushAPNs && s != config.Agent {
@@ -485,14 +503,14 @@ func loadBootstrap(dataDir string, keys *channel.Keys, log *slog.Logger) error {
 // (REST credentials under RELAY_TURN_SECRET, advertised at
 // RELAY_TURN_RELAY_IP or the TURN listen address) and at Cloudflare when
 // its key is set.
-func iceConfig(cfg config.Config) mailbox.ICEConfig {
+func iceConfig(cfg config.Config, builtin *turn.Server) mailbox.ICEConfig {
 	ice := mailbox.ICEConfig{
 		CloudflareKeyID: cfg.Cloudflare.KeyID,
 		CloudflareToken: cfg.Cloudflare.APIToken.Reveal(),
 		CloudflareURL:   cfg.Cloudflare.URL,
 	}
-	turnAddr := cfg.Listeners[config.TURN].Addr
-	if secret := cfg.TURN.Secret.Reveal(); secret != "" && turnAddr != "" {
+	if secret := cfg.TURN.Secret.Reveal(); secret != "" && builtin != nil {
+		turnAddr := builtin.Addr().String()
 		host, port, err := net.SplitHostPort(turnAddr)
 		if err == nil {
 			if cfg.TURN.RelayIP.IsValid() {

@@ -38,6 +38,14 @@ type Config struct {
 	Cloudflare CloudflareConfig
 	Agent      AgentConfig
 	Cluster    ClusterConfig
+	Demo       DemoConfig
+}
+
+// DemoConfig is the first-run demo (make run). Off in production.
+type DemoConfig struct {
+	On     bool   // RELAY_DEMO
+	Listen string // RELAY_DEMO_LISTEN: the example app's origin
+	Dir    string // RELAY_DEMO_DIR: the SDK's directory, served as that origin's root
 }
 
 // ClusterConfig says whether and how the node shares its state with other
@@ -228,6 +236,7 @@ func (v *Values) Config() (Config, error) {
 			URL:      v.String(EnvCFURL),
 		},
 		Agent: AgentConfig{InstanceQueue: v.Int(EnvAgentInstanceQueueBytes)},
+		Demo: DemoConfig{On: v.Bool(EnvDemo), Listen: v.String(EnvDemoListen), Dir: v.String(EnvDemoDir)},
 		Cluster: ClusterConfig{
 			NodeName:           v.String(EnvNodeName),
 			URLs:               splitList(v.String(EnvNATSURL)),

@@ -82,11 +82,12 @@ const (
 	GroupAgent     Group = "agent"
 	GroupLimits    Group = "limits"
 	GroupCluster   Group = "cluster"
+	GroupDemo      Group = "demo"
 )
 
 // Groups returns every group in section order.
 func Groups() []Group {
-	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits, GroupCluster}
+	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits, GroupCluster, GroupDemo}
 }
 
 // title is the heading of a group's section in Usage and the README.
@@ -112,6 +113,8 @@ func (g Group) title() string {
 		return "Limits (applied to every listener)"
 	case GroupCluster:
 		return "Cluster mode (shared state in NATS JetStream; unset: a single node on Pebble)"
+	case GroupDemo:
+		return "First-run demo (make run; production leaves it off)"
 	}
 	return string(g)
 }
@@ -283,6 +286,13 @@ func table() []Setting {
 	add(GroupCluster, EnvNATSReplicas, KindInt, "3",
 		"Replicas of every stream and bucket: an acknowledged write is fsynced on a majority of them. Must agree on every node.")
 
+	add(GroupDemo, EnvDemo, KindBool, "false",
+		"Turns the first-run demo on (make run does): when unset, RELAY_APPS becomes demo:signal,ice (demo:signal with TURN off) and RELAY_TURN_SECRET a secret generated into <data dir>/turn.secret (0600); a loopback TURN listener may relay to loopback peers; the demo origin is added to RELAY_CORS_ORIGINS; the SDK's example app is served on RELAY_DEMO_LISTEN. Refused unless every listener is on loopback.")
+	add(GroupDemo, EnvDemoListen, KindAddr, "127.0.0.1:8088",
+		"With RELAY_DEMO: where the example app is served (static files of RELAY_DEMO_DIR); must be loopback.")
+	add(GroupDemo, EnvDemoDir, KindString, "sdk/js",
+		"With RELAY_DEMO: the SDK's directory (built by make js), served as the demo origin's root: /examples/chat/ is the chat example, /dist/ the SDK.")
+
 	return t
 }
 
@@ -296,6 +306,12 @@ const (
 	EnvNATSEmbedClusterListen = "RELAY_NATS_EMBED_CLUSTER_LISTEN"
 	EnvNATSEmbedRoutes        = "RELAY_NATS_EMBED_ROUTES"
 	EnvNATSReplicas           = "RELAY_NATS_REPLICAS"
+)
+
+const (
+	EnvDemo       = "RELAY_DEMO"
+	EnvDemoListen = "RELAY_DEMO_LISTEN"
+	EnvDemoDir    = "RELAY_DEMO_DIR"
 )
 
 // Environment names the code refers to. The table above is the authority on
