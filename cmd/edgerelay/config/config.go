@@ -236,7 +236,7 @@ func (v *Values) Config() (Config, error) {
 			URL:      v.String(EnvCFURL),
 		},
 		Agent: AgentConfig{InstanceQueue: v.Int(EnvAgentInstanceQueueBytes)},
-		Demo: DemoConfig{On: v.Bool(EnvDemo), Listen: v.String(EnvDemoListen), Dir: v.String(EnvDemoDir)},
+		Demo:  DemoConfig{On: v.Bool(EnvDemo), Listen: v.String(EnvDemoListen), Dir: v.String(EnvDemoDir)},
 		Cluster: ClusterConfig{
 			NodeName:           v.String(EnvNodeName),
 			URLs:               splitList(v.String(EnvNATSURL)),
