@@ -86,6 +86,14 @@ func TestCORSThroughTheBinary(t *testing.T) {
 		t.Fatalf("redeem preflight: %d %v", resp.StatusCode, resp.Header)
 	}
 
+	// A redeem the listener refuses before the handler (a body over its
+	// 64 KiB) still tells the page why.
+	resp = send(freshClient(site.tlsConfig()), "POST", site.origin+"/v1/pair/redeem", bytes.Repeat([]byte("x"), 64<<10+1),
+		"Origin", page, "Content-Type", "application/json")
+	if resp.StatusCode != 413 || allowOrigin(resp) != page {
+		t.Fatalf("redeem over the limit: %d %v", resp.StatusCode, resp.Header)
+	}
+
 	// A malformed origin refuses to start, saying why.
 	_, errOut, code := edgerelay(t, []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_CORS_ORIGINS=" + page + "/"}, "serve")
 	if code == 0 || !strings.Contains(errOut, "RELAY_CORS_ORIGINS") || !strings.Contains(errOut, "has a path") {

@@ -248,6 +248,9 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 // runs (headers or body over the limit, a client too slow, garbage) in the
 // agent relay's error shape. Use it as the listener's ErrorHandler.
 func (h *Handler) ServeError(ctx *fasthttp.RequestCtx, err error) {
+	// A page must be able to read the refusal of a redeem too (a body
+	// over the limit), or it sees only a network failure.
+	h.cfg.CORS.Decorate(ctx)
 	status, msg := server.Refusal(err)
 	answerError(ctx, status, msg)
 }
