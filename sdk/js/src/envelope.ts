@@ -88,16 +88,12 @@ function asBytes(plaintext: Uint8Array | string): Uint8Array {
  */
 export async function sealEnvelope(key: CryptoKey, seq: number, plaintext: Uint8Array | string): Promise<Uint8Array> {
   checkSequence(seq);
-  return sealRaw(key, seq, asBytes(plaintext));
-}
-
-/** sealEnvelope without the checks, for signal frames, whose counter signalseal.ts checks itself. */
-export async function sealRaw(key: CryptoKey, seq: number, plaintext: Uint8Array): Promise<Uint8Array> {
+  const bytes = asBytes(plaintext);
   const h = header(seq);
   const body = await subtle().encrypt(
     { name: "AES-GCM", iv: nonce(h), additionalData: h, tagLength: ENVELOPE_TAG_SIZE * 8 },
     key,
-    plaintext as Uint8Array<ArrayBuffer>,
+    bytes as Uint8Array<ArrayBuffer>,
   );
   const out = new Uint8Array(ENVELOPE_HEADER_SIZE + body.byteLength);
   out.set(h, 0);

@@ -3,7 +3,7 @@
 // sequence is a counter of milliseconds since 1970, made strictly
 // increasing by the sender, under Link.signalKey of the sending direction.
 
-import { SealError, openEnvelope, sealRaw } from "./envelope.js";
+import { SealError, openEnvelope, sealEnvelope } from "./envelope.js";
 import { utf8 } from "./bytes.js";
 
 /** How far (inclusive) a signal frame's counter may lie from the receiver's clock, either way: 5 minutes. */
@@ -53,7 +53,7 @@ export class SignalSealer {
     // Taken before encrypting, so that concurrent seal() calls never share
     // a counter (a nonce) even when one of them fails.
     this.#last = counter;
-    return sealRaw(this.#key, counter, bytes);
+    return sealEnvelope(this.#key, counter, bytes);
   }
 }
 
