@@ -1,0 +1,70 @@
+package e2e
+
+// The SDK in a real browser: headless Chromium driven by playwright-core
+// (test/browser/run.mjs) loads pages from a page server on its own origin
+// (pages_test.go) that import the compiled SDK from /dist/ and talk to a
+// relay on 127.0.0.1: the mailbox with CORS, WebSocket bearers in
+// subprotocols, WebRTC through our TURN, the agent listener over TLS.
+// Each test runs one scenario (test/browser/scenarios/<name>.mjs, whose
+// comment says what it asserts) in a browser of its own.
+//
+// Run: go test -count=1 -run Browser -v ./sdk/js/e2e/
+
+import (
+	"net/url"
+	"testing"
+)
+
+// browserRig is a relay and the page servers of one browser test.
+type browserRig struct {
+	r *relay
+	// page is the origin the relay lists in RELAY_CORS_ORIGINS
+	// (http://localhost:<port>); other serves the same files on an
+	// origin it does not list (http://127.0.0.1:<port>: same host as the
+	// relay, another port, so another origin).
+	page, other string
+}
+
+// startBrowserRig serves the pages and starts a relay that allows the
+// page origin, and checks the pages are cross-origin to the relay (the
+// point of these tests: a same-origin page would need no CORS at all).
+func startBrowserRig(t *testing.T, env ...string) *browserRig {
+	t.Helper()
+	needChromium(t)
+	b := &browserRig{page: servePages(t, "localhost"), other: servePages(t, "127.0.0.1")}
+	b.r = startRelay(t, append([]string{"RELAY_CORS_ORIGINS=" + b.page}, env...)...)
+	for _, o := range []string{b.page, b.other} {
+		pu, _ := url.Parse(o)
+		for _, relayOrigin := range []string{b.r.mailboxOrigin(), b.r.agentOrigin()} {
+			ru, _ := url.Parse(relayOrigin)
+			if pu.Host == ru.Host {
+				t.Fatalf("page origin %s is the relay's %s", o, relayOrigin)
+			}
+		}
+	}
+	return b
+}
+
+// env is what every scenario reads (run.mjs lists it).
+func (b *browserRig) env() []string {
+	return []string{
+		"PAGE_ORIGIN=" + b.page,
+		"OTHER_ORIGIN=" + b.other,
+		"RELAY_ORIGIN=" + b.r.mailboxOrigin(),
+		"AGENT_ORIGIN=" + b.r.agentOrigin(),
+		"TURN_ADDR=" + b.r.addrs["turn"],
+		"CHROMIUM=" + chromiumPath,
+	}
+}
+
+// TestBrowserCORS is scenario 4: from an origin not in RELAY_CORS_ORIGINS
+// every fetch of the mailbox and of pair/redeem rejects with TypeError and
+// a preflighted one never reaches the relay (the same claim and the same
+// single-use pairing key then succeed from the listed origin); the listed
+// origin reads statuses, JSON bodies and the exposed headers.
+func TestBrowserCORS(t *testing.T) {
+	b := startBrowserRig(t)
+	b.r.cli("keys", "agent", "account", "add", "browser-cors")
+	pairKey := b.r.cli("keys", "agent", "pair-key", "browser-cors")
+	runBrowser(t, "cors", append(b.env(), "AGENT_SPKI="+agentSPKI(t, b.r), "PAIR_KEYS="+pairKey)...)
+}
