@@ -26,9 +26,10 @@ var ErrNotFound = errors.New("store: not found")
 
 // DB is the relay's Pebble database.
 type DB struct {
-	pdb    *pebble.DB
-	dir    string
-	health *health
+	pdb     *pebble.DB
+	dir     string
+	health  *health
+	version uint64 // the store's format version (version.go)
 }
 
 // Options are the settings of Open that a server sets and a command does not.
@@ -41,6 +42,11 @@ type Options struct {
 
 	// freeBytes replaces the measure of free space in tests.
 	freeBytes func(dir string) (uint64, error)
+	// versions replaces this binary's format version and migration steps
+	// in tests; noVersion writes a store as it was before versions
+	// existed (the fixture's generator).
+	versions  *versioning
+	noVersion bool
 }
 
 // Open opens (creating if needed) the database in <dataDir>/pebble.
@@ -59,6 +65,17 @@ func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	vs := defaultVersioning()
+	if o.versions != nil {
+		vs = *o.versions
+	}
+	// Before anything below writes (the ballast, Pebble's own files): a
+	// store of a newer format is refused untouched.
+	if !o.noVersion {
+		if _, err := probeVersion(dir, vs); err != nil {
+			return nil, fmt.Errorf("store: open %s: %w", dir, err)
+		}
 	}
 	plog := log.With("component", "pebble")
 	bal := newBallast(filepath.Join(dataDir, ballastFile), o.DiskReserve/2)
@@ -93,12 +110,18 @@ func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 			err = errors.Join(*f, pdb.Close())
 		}
 	}
+	var version uint64
+	if err == nil && !o.noVersion {
+		if version, err = upgrade(pdb, dir, vs, log.With("component", "store")); err != nil {
+			err = errors.Join(err, pdb.Close())
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	h.check(time.Now())
 	go h.run()
-	return &DB{pdb: pdb, dir: dir, health: h}, nil
+	return &DB{pdb: pdb, dir: dir, health: h, version: version}, nil
 }
 
 // Close flushes nothing extra (every acknowledged write is already in the
