@@ -74,6 +74,18 @@ export class ProtocolError extends Error {
   }
 }
 
+/**
+ * A request that got no answer: fetch rejected (the relay is unreachable, the
+ * connection broke, CORS refused it, or the request was aborted). The relay
+ * may or may not have carried it out; `cause` is fetch's own error.
+ */
+export class NetworkError extends Error {
+  constructor(message: string, cause: unknown) {
+    super(message, { cause });
+    this.name = "NetworkError";
+  }
+}
+
 /** How much of an error answer is read: the relay's is a short JSON object. */
 const MAX_ERROR_BODY = 4096;
 
