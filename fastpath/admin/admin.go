@@ -1,9 +1,10 @@
 // Package admin serves the operator's listener (loopback by default):
 // /metrics for Prometheus, /healthz and /readyz for supervisors, and the
-// key-management endpoints that the command line uses while the server
-// runs. The key endpoints need the admin token that the server writes to
-// <data dir>/admin.token at start (mode 0600): whoever can read the data
-// dir can manage keys, nobody else on the machine can.
+// key-management and backup endpoints that the command line uses while
+// the server runs. Those endpoints need the admin token that the server
+// writes to <data dir>/admin.token at start (mode 0600): whoever can read
+// the data dir can manage keys and take backups, nobody else on the
+// machine can.
 package admin
 
 import (
@@ -42,6 +43,10 @@ type Config struct {
 	// Storage reports why the store refuses writes (nil while it takes
 	// them); /readyz answers 503 meanwhile. Nil: not consulted.
 	Storage func() error
+	// Backup writes a checkpoint of the server's store into an absolute
+	// directory (store.DB.Checkpoint); nil when there is none to back up
+	// (cluster mode keeps its state in NATS).
+	Backup func(dir string) (store.BackupInfo, error)
 	Log     *slog.Logger
 }
 
@@ -108,6 +113,12 @@ func (h *Handler) ServeHTTP(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		h.cfg.PushKeys.ServeHTTP(ctx)
+	case path == BackupPath:
+		if !h.authorized(ctx) {
+			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")
+			return
+		}
+		h.backup(ctx)
 	case path == "/v1/keys/channel" || strings.HasPrefix(path, "/v1/keys/channel/"):
 		if !h.authorized(ctx) {
 			httpx.Error(ctx, fasthttp.StatusUnauthorized, "admin token required")

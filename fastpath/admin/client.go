@@ -29,6 +29,12 @@ func ClusterOffline(adminAddr string) error {
 // the answer (when out is not nil) decoded from JSON. An answer other
 // than want is an error carrying the relay's {"error":…} message.
 func Call(addr, tokenFile, method, path string, body any, want int, out any) error {
+	return CallWithin(10*time.Second, addr, tokenFile, method, path, body, want, out)
+}
+
+// CallWithin is Call with the time the whole request may take: a backup
+// copies the store when the backup directory is on another filesystem.
+func CallWithin(timeout time.Duration, addr, tokenFile, method, path string, body any, want int, out any) error {
 	if addr == "" || tokenFile == "" {
 		return ErrNoServer
 	}
@@ -52,7 +58,7 @@ func Call(addr, tokenFile, method, path string, body any, want int, out any) err
 		return fmt.Errorf("admin request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: timeout}
 	resp, err := client.Do(req)
 	if err != nil {
 		// A stale token file from a server that was killed: nothing listens.
