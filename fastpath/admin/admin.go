@@ -47,7 +47,7 @@ type Config struct {
 	// directory (store.DB.Checkpoint); nil when there is none to back up
 	// (cluster mode keeps its state in NATS).
 	Backup func(dir string) (store.BackupInfo, error)
-	Log     *slog.Logger
+	Log    *slog.Logger
 }
 
 // Handler is the admin listener's handler.
