@@ -342,7 +342,8 @@ export class Mailbox {
         dropped: () => void this.#dropped++,
         probe: async () => {
           try {
-            await this.head(this.reads);
+            // No retry of its own: the watcher waits out a 429 itself.
+            await this.#head(this.reads, false);
             return undefined;
           } catch (e) {
             return e instanceof RelayError ? e : undefined;
@@ -430,9 +431,13 @@ export class Mailbox {
 
   /** HEAD …/<dir>: the first and last stored sequences (0 when none) and how many are stored. */
   async head(dir: Direction): Promise<{ first: number; last: number; count: number }> {
+    return this.#head(dir, true);
+  }
+
+  async #head(dir: Direction, retry: boolean): Promise<{ first: number; last: number; count: number }> {
     checkDir(dir, "head");
     const op = `head ${dir}`;
-    const resp = await this.#request(op, "HEAD", `/${dir}`, { ok: [200] });
+    const resp = await this.#request(op, "HEAD", `/${dir}`, { ok: [200], noRetry: !retry });
     const num = (name: string): number => {
       const v = resp.headers.get(name);
       if (v === null || !/^\d{1,16}$/.test(v) || !Number.isSafeInteger(Number(v))) {
@@ -493,7 +498,7 @@ export class Mailbox {
    * one of ok (the body unread), else rejects with its RelayError, after the
    * one retry of a short 429 rate_limited (retryRateLimited).
    */
-  async #request(op: string, method: string, path: string, r: { ok: number[]; body?: Uint8Array; headers?: Record<string, string> }): Promise<Response> {
+  async #request(op: string, method: string, path: string, r: { ok: number[]; body?: Uint8Array; headers?: Record<string, string>; noRetry?: boolean }): Promise<Response> {
     const url = this.#base + path;
     const init: RequestInit = {
       method,
@@ -514,7 +519,7 @@ export class Mailbox {
       if (r.ok.includes(resp.status)) return resp;
       const err = await relayErrorOf(resp, `mailbox: ${op}`);
       const wait = err.retryAfter ?? 1;
-      if (attempt === 0 && err.code === "rate_limited" && (this.#o.retryRateLimited ?? true) && wait <= MAX_AUTO_RETRY_S) {
+      if (attempt === 0 && !r.noRetry && err.code === "rate_limited" && (this.#o.retryRateLimited ?? true) && wait <= MAX_AUTO_RETRY_S) {
         await sleep(wait * 1000);
         continue;
       }
