@@ -1,6 +1,7 @@
 // Command edgerelay is the relay: `serve` (the default) runs every
-// configured service; `keys` manages claim keys and other secrets; `conformance`
-// checks any relay from the outside; `version` prints the build.
+// configured service; `keys` manages claim keys and other secrets; `backup`
+// and `restore` copy the store; `conformance` checks any relay from the
+// outside; `version` prints the build.
 package main
 
 import (
@@ -17,6 +18,8 @@ const usageText = `usage: edgerelay [command] [flags]
 commands:
   serve         run the relay (the default); edgerelay serve --help lists every setting
   keys          manage keys: edgerelay keys channel add --host NAME | list | revoke --host NAME
+  backup        copy the store, while the server runs or not: edgerelay backup DIR (new or empty)
+  restore       put a backup into a data dir without a store: edgerelay restore DIR
   cluster       cluster mode: edgerelay cluster forget-setting NAME
   conformance   check a relay from the outside: edgerelay conformance channel --origin URL --key-a-file F --key-b-file F
   version       print the version
@@ -37,6 +40,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runServe(args[1:], stdout, stderr)
 	case "keys":
 		return runKeys(args[1:], stdout, stderr)
+	case "backup":
+		return runBackup(args[1:], stdout, stderr)
+	case "restore":
+		return runRestore(args[1:], stdout, stderr)
 	case "conformance":
 		return runConformance(args[1:], stdout, stderr)
 	case "cluster":
