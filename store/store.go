@@ -71,9 +71,12 @@ func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 		vs = *o.versions
 	}
 	// Before anything below writes (the ballast, Pebble's own files): a
-	// store of a newer format is refused untouched.
+	// store of a newer format is refused untouched. Another failure of the
+	// probe (it reads without the lock, so a running server's writes may
+	// trip it; or the store is damaged) is left to Pebble's open below,
+	// which takes the lock and says which.
 	if !o.noVersion {
-		if _, err := probeVersion(dir, vs); err != nil {
+		if _, err := probeVersion(dir, vs); errors.Is(err, ErrNewerVersion) {
 			return nil, fmt.Errorf("store: open %s: %w", dir, err)
 		}
 	}
