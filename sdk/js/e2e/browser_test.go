@@ -11,8 +11,13 @@ package e2e
 // Run: go test -count=1 -run Browser -v ./sdk/js/e2e/
 
 import (
+	"io"
+	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // browserRig is a relay and the page servers of one browser test.
@@ -67,4 +72,37 @@ func TestBrowserCORS(t *testing.T) {
 	b.r.cli("keys", "agent", "account", "add", "browser-cors")
 	pairKey := b.r.cli("keys", "agent", "pair-key", "browser-cors")
 	runBrowser(t, "cors", append(b.env(), "AGENT_SPKI="+agentSPKI(t, b.r), "PAIR_KEYS="+pairKey)...)
+}
+
+// TestBrowserMailbox is scenario 1: two pages are the primary and the
+// companion of one link (made in page A, passed to page B as its code),
+// claim the mailbox, store sealed envelopes both ways and watch each
+// other: stored envelopes first, then live ones, in order, each once.
+func TestBrowserMailbox(t *testing.T) {
+	b := startBrowserRig(t)
+	runBrowser(t, "mailbox", b.env()...)
+}
+
+// adminMetric reads one sample of the relay's /metrics (name with its
+// labels exactly as exposed, e.g. `x_total{direction="to_peer"}`); 0
+// when absent.
+func adminMetric(t *testing.T, r *relay, sample string) float64 {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + r.addrs["admin"] + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q: %v", sample, v, err)
+			}
+			return f
+		}
+	}
+	return 0
 }

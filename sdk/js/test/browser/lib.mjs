@@ -55,19 +55,27 @@ export function log(line) {
 
 /**
  * openPage opens url in a new page named name (for the log) and waits for
- * the page module to set window.T (its functions for the driver). The
- * page's console and errors are forwarded to the log. init, when given,
- * runs before any page script (page.addInitScript).
+ * the page module to set window.T (its functions for the driver), unless
+ * waitForT is false (the example app has no T: its module has run once the
+ * load event fired, which goto waits for). The page's console and errors
+ * are forwarded to the log. init, when given, runs before any page script
+ * (page.addInitScript).
  */
-export async function openPage(context, name, url, init) {
+export async function openPage(context, name, url, init, waitForT = true) {
   const page = await context.newPage();
   page.on("console", (m) => log(`[${name}] ${m.type()}: ${m.text()}`));
   page.on("pageerror", (e) => log(`[${name}] pageerror: ${e.stack || e.message}`));
-  page.on("requestfailed", (r) => log(`[${name}] request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`));
+  // net::ERR_ABORTED is the page cancelling a body it does not read (the
+  // SDK does, for answers without one): not worth a line.
+  page.on("requestfailed", (r) => {
+    const why = r.failure()?.errorText;
+    if (why !== "net::ERR_ABORTED") log(`[${name}] request failed: ${r.method()} ${r.url()}: ${why}`);
+  });
   if (init) await page.addInitScript(init);
   log(`[${name}] open ${url}`);
   const resp = await page.goto(url, { timeout: STEP_MS });
   if (!resp || resp.status() !== 200) throw new Error(`${name}: GET ${url}: ${resp ? resp.status() : "no answer"}`);
+  if (!waitForT) return page;
   await page.waitForFunction(() => window.T !== undefined, null, { timeout: STEP_MS }).catch((e) => {
     throw new Error(`${name}: the page module did not start (window.T unset; see its errors above): ${e.message}`);
   });
