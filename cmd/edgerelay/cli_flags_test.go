@@ -207,6 +207,7 @@ func TestCLIREADMECommandsParse(t *testing.T) {
 	values := map[string]string{
 		"NAME": "acme", "ACCOUNT": "acme", "ID": "0f8e6c1a-0000-4000-8000-000000000000",
 		"L": "label", "T": "720h", "SETTING": "RELAY_TURN_SECRET", "URL": "http://127.0.0.1:1", "PEM": ca, "CMD": "true",
+		"DIR": filepath.Join(dir, "backup"),
 	}
 	seen := map[string]bool{}
 	for _, form := range forms {
@@ -342,7 +343,7 @@ func isCommandWord(w string) bool {
 	switch w {
 	case "serve", "keys", "channel", "agent", "push", "conformance", "version",
 		"add", "list", "revoke", "create", "disable", "enable", "relay-key", "account", "pair-key", "instance",
-		"cluster", "import", "forget-setting":
+		"cluster", "import", "forget-setting", "backup", "restore":
 		return true
 	}
 	return false

@@ -262,6 +262,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	r.admin = admin.New(admin.Config{
 		Gatherer: reg, TokenHash: httpx.Hash([]byte(token)), ChannelKeys: keys, PushKeys: pushAdmin,
 		AgentKeys: agentKeys, AgentPublicKey: agentPub, Storage: unavailable, Log: log.With("service", "admin"),
+		Backup: serverBackup(db, r.cluster != nil),
 	})
 	demoOff := ""
 	if cfg.Demo.On && cfg.Demo.Listen != "" {
