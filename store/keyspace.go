@@ -8,6 +8,10 @@ package store
 //	'c' 'o' <sha256 owner token>   channel owner index -> sha256 claim key
 //	'c' 'p' <sha256 phone token>   channel phone index -> sha256 claim key
 //
+// The other services' prefixes are printable letters too ('a', 'g', 'm');
+// 0x00 'v' is the store's own format version (version.go), out of every
+// service's reach.
+//
 // Hashes are raw 32-byte SHA-256 digests; no secret is ever a key or value.
 const (
 	serviceChannel = 'c'
