@@ -158,19 +158,24 @@ export class AgentClient {
       ws.onmessage = (e: MessageEvent) => {
         if (this.#ws === ws && typeof e.data === "string") this.#receive(e.data);
       };
-      ws.onerror = () => {}; // the close event says the rest
-      ws.onclose = (e: CloseEvent) => {
-        if (this.#ws !== ws) return;
+      const ended = (code: number, reason: string) => {
+        if (this.#ws !== ws) return; // handled already (error, then close)
         this.#ws = null;
         this.#stopHeartbeat();
-        const err = new SocketClosedError(e.code, e.reason, `agent: attachment to ${this.#o.instance} closed (${e.code}${e.reason ? " " + e.reason : ""})`);
-        this.#rejectPending(err);
-        if (!opened) reject(new SocketClosedError(e.code, e.reason, `agent: attach to ${this.#o.instance} refused or failed (${e.code}${e.reason ? " " + e.reason : ""}; a refused upgrade shows as 1006)`));
+        const what = `${code}${reason ? " " + reason : ""}`;
+        this.#rejectPending(new SocketClosedError(code, reason, `agent: attachment to ${this.#o.instance} closed (${what})`));
+        if (!opened) reject(new SocketClosedError(code, reason, `agent: attach to ${this.#o.instance} refused or failed (${what}; a refused upgrade shows as 1006)`));
         this.#setState("closed");
         // Reattach after a drop of an attachment that was open, or of a
         // reattach attempt; never after close() or a refused first attach.
         if (!this.#closedByUs && (this.#o.reconnect ?? true) && (opened || this.#attaches > 0)) this.#scheduleRetry();
       };
+      // A failed upgrade: browsers fire error then close 1006; Node 20's
+      // WebSocket fires only the error.
+      ws.onerror = () => {
+        if (!opened) ended(1006, "");
+      };
+      ws.onclose = (e: CloseEvent) => ended(e.code, e.reason);
     });
   }
 

@@ -95,17 +95,23 @@ export class SignalChannel {
         resolve(ch);
       };
       ws.onmessage = (e: MessageEvent) => ch.#receive(e.data);
-      ws.onerror = () => {}; // the close event that follows says what happened
-      ws.onclose = (e: CloseEvent) => {
+      const ended = (code: number, reason: string) => {
+        if (ch.#closed) return; // a browser's close after the error below
         ch.#closed = true;
         ch.#peer = false;
         clearInterval(ch.#ping);
         if (!opened) {
-          reject(new SocketClosedError(e.code, e.reason, `signal: ${url} closed before it opened (${e.code}${e.reason ? " " + e.reason : ""}; a refused upgrade shows as 1006)`));
+          reject(new SocketClosedError(code, reason, `signal: ${url} closed before it opened (${code}${reason ? " " + reason : ""}; a refused upgrade shows as 1006)`));
           return;
         }
-        ch.onclose?.(e.code, e.reason);
+        ch.onclose?.(code, reason);
       };
+      // A failed upgrade: browsers fire error then close 1006; Node 20's
+      // WebSocket fires only the error. Either way it ends here once.
+      ws.onerror = () => {
+        if (!opened) ended(1006, "");
+      };
+      ws.onclose = (e: CloseEvent) => ended(e.code, e.reason);
     });
   }
 
