@@ -30,6 +30,7 @@ type DB struct {
 	dir     string
 	health  *health
 	version uint64 // the store's format version (version.go)
+	metrics *storeMetrics
 }
 
 // Options are the settings of Open that a server sets and a command does not.
@@ -124,7 +125,7 @@ func OpenOptions(dataDir string, log *slog.Logger, o Options) (*DB, error) {
 	}
 	h.check(time.Now())
 	go h.run()
-	return &DB{pdb: pdb, dir: dir, health: h, version: version}, nil
+	return &DB{pdb: pdb, dir: dir, health: h, version: version, metrics: newStoreMetrics()}, nil
 }
 
 // Close flushes nothing extra (every acknowledged write is already in the
@@ -225,11 +226,15 @@ func (b *Batch) Discard() { _ = b.b.Close() }
 func (db *DB) Commit(b *Batch) error {
 	defer b.Discard()
 	if err := db.health.admit(); err != nil {
+		db.metrics.refused.Inc()
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	n := b.b.Len() // before Apply, which may take a large batch's data
+	start := time.Now()
 	err := db.pdb.Apply(b.b, pebble.Sync)
-	if err := db.health.committed(n, err); err != nil {
+	err = db.health.committed(n, err)
+	db.metrics.commitDone(time.Since(start), err)
+	if err != nil {
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	return nil
