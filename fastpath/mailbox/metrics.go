@@ -19,6 +19,10 @@ type Metrics struct {
 	signalSockets    prometheus.Gauge
 	signalFrames     prometheus.Counter
 	pushes           *prometheus.CounterVec
+	// slowClosed counts sockets closed with 1013 for falling behind,
+	// by socket kind; slowWatch and slowSignal are its two series.
+	slowClosed            *prometheus.CounterVec
+	slowWatch, slowSignal prometheus.Counter
 	// stats is the store's figures, read at scrape time (the series are
 	// created before the handler and its store; nil: the store keeps no
 	// caches to report).
@@ -44,7 +48,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		signalSockets:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgerelay_mailbox_signal_sockets", Help: "Open signal sockets."}),
 		signalFrames:     prometheus.NewCounter(prometheus.CounterOpts{Name: "edgerelay_mailbox_signal_frames_total", Help: "Signal frames forwarded."}),
 		pushes:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgerelay_mailbox_pushes_total", Help: "Push wake-ups by outcome."}, []string{"outcome"}),
+		slowClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgerelay_mailbox_slow_sockets_closed_total",
+			Help: "Sockets closed with 1013 for falling behind: socket=watch when its send queue filled (RELAY_MAX_BEHIND) or the store's delivery left it behind, signal when its send queue filled."},
+			[]string{"socket"}),
 	}
+	// Every series exists from the start, at zero, so that rate() and
+	// alerts work before the first event.
+	for _, o := range pushOutcomes {
+		m.pushes.WithLabelValues(o)
+	}
+	m.slowWatch = m.slowClosed.WithLabelValues("watch")
+	m.slowSignal = m.slowClosed.WithLabelValues("signal")
 	// Hits and misses are plain counters; only the bytes held need a
 	// walk of the envelope cache's slots, once per scrape.
 	cacheHits := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgerelay_mailbox_envelope_cache_hits_total",
@@ -61,7 +75,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		func() float64 { return float64(m.storeStats().Loaded) })
 	if reg != nil {
 		reg.MustRegister(m.envelopesStored, m.mailboxesCreated, m.mailboxesExpired, m.rateLimited, m.watchers, m.signalSockets, m.signalFrames, m.pushes,
-			cacheHits, cacheMisses, cacheBytes, loaded)
+			m.slowClosed, cacheHits, cacheMisses, cacheBytes, loaded)
 	}
 	return m
 }
+
+// pushOutcomes are the values of edgerelay_mailbox_pushes_total's outcome
+// label: sent (the provider answered 200), refused (it answered another
+// status), failed (no answer: transport error or timeout), stale_removed
+// (a registration the provider called stale, deleted), and the wake-ups
+// not sent: foreground, rate_limited, queue_full, unregistered,
+// unopenable, no_module.
+var pushOutcomes = []string{"sent", "refused", "failed", "stale_removed", "foreground", "rate_limited", "queue_full", "unregistered", "unopenable", "no_module"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ws"
@@ -56,7 +57,7 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 			return
 		}
 		defer h.group.Remove(conn)
-		side, err := h.cfg.Signals.Join(context.Background(), name, me, signalSocket{conn})
+		side, err := h.cfg.Signals.Join(context.Background(), name, me, signalSocket{conn, h.m.slowSignal})
 		if err != nil {
 			h.log.Error("signal join failed", "err", err)
 			conn.Close(ws.CloseTryAgainLater, "signal rendezvous unavailable")
@@ -76,10 +77,18 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 }
 
 // signalSocket is a signal socket as the router sees it; every call only
-// queues onto the socket.
-type signalSocket struct{ conn *ws.Conn }
+// queues onto the socket. slow counts its close for a full queue.
+type signalSocket struct {
+	conn *ws.Conn
+	slow prometheus.Counter
+}
 
-func (s signalSocket) Frame(msg []byte) { _ = s.conn.WriteBinary(msg) } // a full queue closes it with 1013
+// Frame queues msg; a full queue closes the socket with 1013.
+func (s signalSocket) Frame(msg []byte) {
+	if errors.Is(s.conn.WriteBinary(msg), ws.ErrQueueFull) {
+		s.slow.Inc()
+	}
+}
 func (s signalSocket) Peer(up bool) {
 	if up {
 		_ = s.conn.WriteText(peerUp)

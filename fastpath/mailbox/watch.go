@@ -87,7 +87,11 @@ func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uin
 			}
 			// A full queue closes the socket with 1013; the reader resumes
 			// with after = the last sequence it holds, and nothing is lost.
-			return conn.WriteBinary(env)
+			err := conn.WriteBinary(env)
+			if errors.Is(err, ws.ErrQueueFull) {
+				h.m.slowWatch.Inc()
+			}
+			return err
 		},
 		End: func(err error) { h.endWatch(conn, err) },
 	})
@@ -105,6 +109,7 @@ func (h *Handler) endWatch(conn *ws.Conn, err error) {
 	case errors.Is(err, store.ErrErased):
 		conn.Close(ws.CloseNormal, "mailbox erased")
 	case errors.Is(err, store.ErrWatchOverflow):
+		h.m.slowWatch.Inc()
 		conn.Close(ws.CloseTryAgainLater, "fell behind")
 	case errors.Is(err, store.ErrUnavailable):
 		conn.Close(ws.CloseTryAgainLater, "store unavailable")
