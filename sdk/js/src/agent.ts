@@ -273,17 +273,27 @@ export class AgentClient {
 
   /**
    * Sends {type, id, payload} with a fresh id and resolves with the frame
-   * whose re is that id. Rejects with AgentError when the relay answers
+   * whose re is that id. opts.payloadRaw, instead of payload, is JSON text
+   * sent as the payload byte for byte (what JSON.stringify cannot write:
+   * integers beyond 2^53, duplicate keys). Rejects with AgentError when the relay answers
    * relay.error (unknown_instance while the instance is offline),
    * AgentTimeoutError after timeoutMs (default 30000), SocketClosedError
    * when the socket drops first or is not attached.
    */
-  request(type: string, payload?: unknown, opts?: { timeoutMs?: number }): Promise<AgentFrame> {
+  request(type: string, payload?: unknown, opts?: { timeoutMs?: number; payloadRaw?: string }): Promise<AgentFrame> {
     const id = `${this.#prefix}-${++this.#nextId}`;
     const frame: { type: string; id: string; payload?: unknown } = { type, id };
     if (payload !== undefined) frame.payload = payload;
     try {
-      this.send(frame);
+      if (opts?.payloadRaw !== undefined) {
+        // The payload's text goes in as it is (big numbers, duplicate keys
+        // and spacing survive); send() checks the line is one object.
+        if (payload !== undefined) throw new TypeError("agent: request with both payload and payloadRaw");
+        const head = JSON.stringify(frame);
+        this.send(`${head.slice(0, -1)},"payload":${opts.payloadRaw}}`);
+      } else {
+        this.send(frame);
+      }
     } catch (e) {
       return Promise.reject(e);
     }

@@ -135,6 +135,17 @@ test("request/response by id; the payload's raw text byte for byte; other frames
   assert.equal(e.re, "mine");
   assert.equal(e.payloadRaw, '{"big":123456789012345678901234567890,"d":1,"d":2}');
 
+  // payloadRaw: the payload's text as given; a bad one is refused unsent.
+  const rawPayload = '{ "big": 123456789012345678901234567890, "d":1, "d":[2] }';
+  const r = await c.request("ask.raw", undefined, { payloadRaw: rawPayload });
+  assert.equal(r.payloadRaw, rawPayload);
+  assert.ok(relay.received.at(-1).endsWith(`,"payload":${rawPayload}}`));
+  const before = relay.received.length;
+  await assert.rejects(c.request("x", undefined, { payloadRaw: "{" }), TypeError);
+  await assert.rejects(c.request("x", undefined, { payloadRaw: "1\n" }), TypeError);
+  await assert.rejects(c.request("x", 1, { payloadRaw: "1" }), TypeError);
+  assert.equal(relay.received.length, before);
+
   // Ids are fresh per request.
   const [a, b] = await Promise.all([c.request("x"), c.request("x")]);
   assert.notEqual(a.re, b.re);
