@@ -83,6 +83,52 @@ func TestBrowserMailbox(t *testing.T) {
 	runBrowser(t, "mailbox", b.env()...)
 }
 
+// TestBrowserRelayOnly is scenario 2: connect() with relayOnly in both
+// pages; getStats' selected pair is relay on both ends through our TURN
+// listener, and 3 MiB cross (2 one way, 1 the other) with equal hashes.
+// The relay's own counters then show the bytes went through its TURN
+// server: at least those 3 MiB relayed in each direction of an
+// allocation (to the peer from one, to the client from the other).
+func TestBrowserRelayOnly(t *testing.T) {
+	b := startBrowserRig(t)
+	runBrowser(t, "rtc", b.env()...)
+	const moved = 3 << 20
+	for _, dir := range []string{"to_peer", "to_client"} {
+		if got := adminMetric(t, b.r, `edgerelay_turn_relayed_bytes_total{direction="`+dir+`"}`); got < moved {
+			t.Errorf("TURN relayed %v bytes %s, want at least %d", got, dir, moved)
+		}
+	}
+	if got := adminMetric(t, b.r, "edgerelay_turn_allocations_total"); got < 2 {
+		t.Errorf("TURN allocations %v, want at least 2 (one per page)", got)
+	}
+}
+
+// TestBrowserAgent is scenario 3: a page attaches to a paired instance
+// running the Go echo runtime and round-trips frames with AgentClient
+// over wss (the development certificate trusted by its SPKI pin only).
+// The runtime answered exactly the page's three cargo requests and saw
+// the page's close as one acp.detach.
+func TestBrowserAgent(t *testing.T) {
+	b := startBrowserRig(t)
+	in := pairInstance(t, b.r, "browser")
+	c := runEchoRuntime(t, b.r, in)
+	runBrowser(t, "agent", append(b.env(),
+		"AGENT_SPKI="+agentSPKI(t, b.r), "AGENT_INSTANCE="+in.ID, "AGENT_TOKEN="+in.ClientToken)...)
+	waitDetaches(t, c, 1)
+	if n := echoCount(c); n != 3 {
+		t.Errorf("echo runtime answered %d requests, want 3", n)
+	}
+}
+
+// TestBrowserChat is scenario 5: the example app in two pages, a line
+// each way over the data channel (nothing stored), then in two pages
+// without RTCPeerConnection a line each way as sealed envelopes (one
+// stored per direction).
+func TestBrowserChat(t *testing.T) {
+	b := startBrowserRig(t)
+	runBrowser(t, "chat", b.env()...)
+}
+
 // adminMetric reads one sample of the relay's /metrics (name with its
 // labels exactly as exposed, e.g. `x_total{direction="to_peer"}`); 0
 // when absent.
