@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"edgerelay/cmd/edgerelay/config"
 	"edgerelay/fastpath/admin"
@@ -118,7 +119,10 @@ type relay struct {
 	admin     *admin.Handler
 	listeners []*server.Listener
 	reloaders []*tlsconf.Reloader
-	failed    chan error
+	// acme is the certificate source of the listeners with Listener.ACME;
+	// nil when RELAY_ACME_DOMAINS is not set.
+	acme   *tlsconf.ACME
+	failed chan error
 	// stopBackground ends the services' background loops.
 	stopBackground []context.CancelFunc
 	// closers release what the services' stores hold (cluster watches),
@@ -155,6 +159,12 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			if err := clusterAgentKey(ctx, r.cluster, cfg.DataDir); err != nil {
 				return nil, err
 			}
+		}
+	}
+
+	if cfg.ACME.On() {
+		if r.acme, err = newACME(cfg, log); err != nil {
+			return nil, err
 		}
 	}
 
@@ -273,6 +283,14 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 			lines[demoService] = "the example app: open http://" + cfg.Demo.Listen + "/examples/chat/ in two windows (mailbox app demo with signal and ice, TURN)"
 		}
 	}
+	if cfg.ACME.HTTPListen != "" && r.acme != nil {
+		// Plain HTTP by its nature (the CA asks port 80), with the caps
+		// of every listener: it is on the open internet.
+		svc := r.service(string(acmeService), config.Listener{Addr: cfg.ACME.HTTPListen}, fasthttpadaptor.NewFastHTTPHandler(r.acme.HTTPHandler()), nil)
+		svc.MaxBodyBytes = 4 << 10
+		services = append(services, svc)
+		lines[acmeService] = "HTTP-01 challenges for " + strings.Join(cfg.ACME.Domains, ", ") + "; other requests are redirected to https"
+	}
 	if cfg.AdminListen != "" {
 		// The same caps as every other listener: the admin listener is
 		// loopback by default, but nothing stops an operator from exposing it.
@@ -286,7 +304,9 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	for i := range services {
 		svc := services[i]
 		if svc.TLS == nil && svc.Name != "admin" {
-			if l := cfg.Listeners[config.Service(svc.Name)]; l.TLS() {
+			if l := cfg.Listeners[config.Service(svc.Name)]; l.ACME {
+				svc.TLS = r.acme.ServerConfig(false)
+			} else if l.TLS() {
 				rl, err := tlsconf.NewReloader(l.CertFile, l.KeyFile)
 				if err != nil {
 					return nil, fmt.Errorf("%s TLS: %w", svc.Name, err)
@@ -314,6 +334,15 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		}()
 	}
 	r.admin.SetReady(true)
+	if r.acme != nil {
+		// Now that the listeners answer TLS-ALPN-01 (and HTTP-01), so the
+		// first clients find the certificates ready, and a CA that cannot
+		// validate shows in the log at start rather than at the first
+		// client. A failure is tried again at the next handshake.
+		bg, stop := context.WithCancel(context.Background())
+		r.stopBackground = append(r.stopBackground, stop)
+		go r.acme.Prefetch(bg, cfg.ACME.Domains)
+	}
 
 	for _, ln := range r.listeners {
 		scheme := "http"
@@ -564,22 +593,21 @@ func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.R
 		Listen: l.Addr, Secret: secret, Realm: cfg.TURN.Realm, RelayIP: cfg.TURN.RelayIP,
 		AllowPeers: cfg.TURN.AllowPeers, Log: r.log.With("service", "turn"), Metrics: reg,
 	}
-	if l.TLS() {
-		rl, err := tlsconf.NewReloader(l.CertFile, l.KeyFile)
-		if err != nil {
-			return fmt.Errorf("turn TLS: %w", err)
+	if l.ACME || l.TLS() {
+		if l.ACME {
+			tc.TLS = r.acme.ServerConfig(false)
+		} else {
+			rl, err := tlsconf.NewReloader(l.CertFile, l.KeyFile)
+			if err != nil {
+				return fmt.Errorf("turn TLS: %w", err)
+			}
+			r.reloaders = append(r.reloaders, rl)
+			tc.TLS = tlsconf.ServerConfig(rl, false)
 		}
-		r.reloaders = append(r.reloaders, rl)
-		tc.TLS = tlsconf.ServerConfig(rl, false)
-		host, port, err := net.SplitHostPort(l.Addr)
-		if err != nil {
-			return fmt.Errorf("turn listen address: %w", err)
+		var err error
+		if tc.TLSListen, err = turnsListen(l.Addr); err != nil {
+			return err
 		}
-		p, _ := strconv.Atoi(port)
-		if p != 0 {
-			p = 5349 + (p - 3478) // the turns: port beside the plain one
-		}
-		tc.TLSListen = net.JoinHostPort(host, strconv.Itoa(p))
 	}
 	srv, err := turn.Start(tc)
 	if err != nil {
@@ -593,6 +621,24 @@ func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.R
 	lines[config.TURN] = line
 	r.log.Info("listening", "service", "turn", "addr", srv.Addr().String())
 	return nil
+}
+
+// turnsListen is the turns: address beside TURN's listen address: the
+// standard ports 3478 and 5349 keep their distance, so 3478 gives 5349 and
+// 3479 gives 5350; port 0 gives 0 (any free port).
+func turnsListen(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("turn listen address: %w", err)
+	}
+	p, _ := strconv.Atoi(port)
+	if p != 0 {
+		p += 5349 - 3478
+	}
+	if p > 65535 {
+		return "", fmt.Errorf("%s=%s: its turns: port would be %d (the port plus %d), past 65535: choose a port up to %d", config.TURN.ListenEnv(), addr, p, 5349-3478, 65535-(5349-3478))
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p)), nil
 }
 
 // startPushGateway adds the gateway mounts (one provider each) whose
@@ -660,8 +706,9 @@ func (r *relay) startPushGateway(ctx context.Context, cfg config.Config, pushers
 }
 
 // startAgent adds the agent relay's listener: always TLS 1.3 (the
-// connector refuses anything else), with the configured certificate or a
-// development one generated into the data dir. It returns the operator's
+// connector refuses anything else), with the certificates from the ACME CA,
+// the configured certificate, or a development one generated into the data
+// dir. It returns the operator's
 // key management and the relay's public key for the admin listener.
 func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheus.Registerer, services *[]server.Service, lines map[config.Service]string) (*agent.Keys, string, error) {
 	l := cfg.Listeners[config.Agent]
@@ -684,6 +731,16 @@ func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheu
 	if err := revoked(h.Revoked); err != nil {
 		return nil, "", err
 	}
+	svc := r.service(string(config.Agent), l, h.ServeHTTP, h.Drain)
+	svc.MaxBodyBytes = 64 << 10
+	svc.ErrorHandler = h.ServeError
+	line := "relay key " + h.PublicKey() + "; pair a runtime: edgerelay keys agent account add NAME, then edgerelay keys agent pair-key NAME"
+	if l.ACME {
+		svc.TLS = r.acme.ServerConfig(true)
+		*services = append(*services, svc)
+		lines[config.Agent] = line + "; certificates from ACME for " + strings.Join(cfg.ACME.Domains, ", ")
+		return &agent.Keys{Store: st, Handler: h}, h.PublicKey(), nil
+	}
 	certFile, keyFile, devCA := l.CertFile, l.KeyFile, ""
 	if !l.TLS() {
 		var hosts []string
@@ -701,12 +758,8 @@ func (r *relay) startAgent(ctx context.Context, cfg config.Config, reg prometheu
 		return nil, "", fmt.Errorf("agent TLS: %w", err)
 	}
 	r.reloaders = append(r.reloaders, rl)
-	svc := r.service(string(config.Agent), l, h.ServeHTTP, h.Drain)
 	svc.TLS = tlsconf.ServerConfig(rl, true)
-	svc.MaxBodyBytes = 64 << 10
-	svc.ErrorHandler = h.ServeError
 	*services = append(*services, svc)
-	line := "relay key " + h.PublicKey() + "; pair a runtime: edgerelay keys agent account add NAME, then edgerelay keys agent pair-key NAME"
 	if devCA != "" {
 		line += "; development certificate, trust its CA at " + devCA
 	}

@@ -62,14 +62,20 @@ func (r *Reloader) Leaf() *x509.Certificate {
 	return r.cert.Load().Leaf
 }
 
+// CertSource gives a listener its certificate per handshake: a Reloader
+// (files) or an ACME (a CA).
+type CertSource interface {
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+}
+
 // ServerConfig returns the server TLS configuration for a listener serving
-// r's certificate. It accepts TLS 1.2 and 1.3 (1.3 preferred, as crypto/tls
+// r's certificates. It accepts TLS 1.2 and 1.3 (1.3 preferred, as crypto/tls
 // does), or TLS 1.3 only when minVersion13 is set: the agent connector
 // demands 1.3 and its listener refuses anything older. It offers ALPN
 // "http/1.1", the only HTTP version fasthttp speaks.
 //
 // Each call returns a new Config, so a caller may adjust its copy.
-func ServerConfig(r *Reloader, minVersion13 bool) *tls.Config {
+func ServerConfig(r CertSource, minVersion13 bool) *tls.Config {
 	minVersion := uint16(tls.VersionTLS12)
 	if minVersion13 {
 		minVersion = tls.VersionTLS13

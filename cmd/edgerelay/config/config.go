@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +30,10 @@ type Config struct {
 
 	// Listeners has an entry for every service in Services().
 	Listeners map[Service]Listener
+
+	// ACME is where the listeners whose Listener.ACME is set get their
+	// certificates.
+	ACME ACMEConfig
 
 	Limits     Limits
 	Mailbox    MailboxConfig
@@ -73,13 +79,32 @@ type Listener struct {
 	// from RELAY_<SERVICE>_TLS_CERT/_KEY if either of those is set, even to
 	// empty, else from RELAY_TLS_CERT/_KEY.
 	CertFile, KeyFile string
+
+	// ACME is set when the listener serves certificates from the ACME CA
+	// (Config.ACME): RELAY_ACME_DOMAINS is set and neither
+	// RELAY_<SERVICE>_TLS_CERT nor _KEY is (set empty, they keep the
+	// listener out). It excludes CertFile: Config refuses both.
+	ACME bool
 }
 
 // On reports whether the service runs at all.
 func (l Listener) On() bool { return l.Addr != "" }
 
-// TLS reports whether a certificate was configured for this listener.
+// TLS reports whether a certificate file was configured for this listener.
 func (l Listener) TLS() bool { return l.CertFile != "" }
+
+// ACMEConfig is the ACME CA that certificates are obtained from. Zero is
+// off.
+type ACMEConfig struct {
+	Domains    []string // RELAY_ACME_DOMAINS, lower case, each checked
+	Email      string   // RELAY_ACME_EMAIL; "" = no contact
+	Directory  string   // RELAY_ACME_DIRECTORY
+	HTTPListen string   // RELAY_ACME_HTTP_LISTEN; "" = no HTTP-01
+	CAFile     string   // RELAY_ACME_CA; "" = the system roots alone
+}
+
+// On reports whether certificates come from an ACME CA.
+func (a ACMEConfig) On() bool { return len(a.Domains) > 0 }
 
 // Limits apply to every listener separately.
 type Limits struct {
@@ -274,12 +299,34 @@ func (v *Values) Config() (Config, error) {
 		return cert, key
 	}
 	sharedCert, sharedKey := pair(EnvTLSCert, EnvTLSKey)
+	c.ACME, errs = v.acme(errs)
+	var sharedWithACME []string // listeners given both RELAY_TLS_CERT and ACME
+	conflict := false           // a listener given a file and ACME
 	for _, s := range Services() {
 		l := Listener{Addr: v.String(s.ListenEnv()), CertFile: sharedCert, KeyFile: sharedKey}
-		if v.IsSet(s.TLSCertEnv()) || v.IsSet(s.TLSKeyEnv()) {
+		own := v.IsSet(s.TLSCertEnv()) || v.IsSet(s.TLSKeyEnv())
+		if own {
 			l.CertFile, l.KeyFile = pair(s.TLSCertEnv(), s.TLSKeyEnv())
 		}
+		// ACME stands in for RELAY_TLS_CERT: a listener's own setting,
+		// empty, keeps it out; a certificate file for it as well is a
+		// mistake that start-up must not guess about.
+		l.ACME = c.ACME.On() && !own
+		switch {
+		case c.ACME.On() && own && l.CertFile != "":
+			errs = append(errs, fmt.Errorf("%s and %s both give the %s listener its certificate: set one of them (%s= empty keeps the listener out of ACME)", EnvACMEDomains, s.TLSCertEnv(), s, s.TLSCertEnv()))
+			conflict = true
+		case l.ACME && l.CertFile != "":
+			sharedWithACME = append(sharedWithACME, string(s))
+			l.ACME, conflict = false, true
+		}
 		c.Listeners[s] = l
+	}
+	if c.ACME.On() && !conflict && !slices.ContainsFunc(Services(), func(s Service) bool { return c.Listeners[s].On() && c.Listeners[s].ACME }) {
+		errs = append(errs, fmt.Errorf("%s is set but no listener takes its certificates: every one is off or has its RELAY_<SERVICE>_TLS_CERT set", EnvACMEDomains))
+	}
+	if len(sharedWithACME) > 0 {
+		errs = append(errs, fmt.Errorf("%s and %s both give the %s listeners their certificate: set one of them", EnvACMEDomains, EnvTLSCert, strings.Join(sharedWithACME, ", ")))
 	}
 
 	if c.Listeners[TURN].On() && c.TURN.Realm == "" {
@@ -292,6 +339,70 @@ func (v *Values) Config() (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// acme reads the ACME settings; problems are added to errs.
+func (v *Values) acme(errs []error) (ACMEConfig, []error) {
+	a := ACMEConfig{
+		Email:      v.String(EnvACMEEmail),
+		Directory:  v.String(EnvACMEDirectory),
+		HTTPListen: v.String(EnvACMEHTTPListen),
+		CAFile:     v.String(EnvACMECA),
+	}
+	for _, d := range splitList(v.String(EnvACMEDomains)) {
+		d = strings.ToLower(d)
+		if err := checkACMEDomain(d); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q %w", EnvACMEDomains, d, err))
+			continue
+		}
+		if !slices.Contains(a.Domains, d) {
+			a.Domains = append(a.Domains, d)
+		}
+	}
+	if !a.On() && !v.IsSet(EnvACMEDomains) {
+		var orphans []string
+		for _, env := range []string{EnvACMEEmail, EnvACMEDirectory, EnvACMEHTTPListen, EnvACMECA} {
+			if v.IsSet(env) && v.String(env) != "" {
+				orphans = append(orphans, env)
+			}
+		}
+		if len(orphans) > 0 {
+			errs = append(errs, fmt.Errorf("%s apply to %s, which is not set", strings.Join(orphans, ", "), EnvACMEDomains))
+		}
+	}
+	if a.Directory == "" && a.On() {
+		errs = append(errs, fmt.Errorf("%s is empty while %s is set", EnvACMEDirectory, EnvACMEDomains))
+	}
+	return a, errs
+}
+
+// checkACMEDomain says why d cannot be one of RELAY_ACME_DOMAINS: the CA
+// validates a name by connecting to it, so it must be a DNS name with at
+// least two labels (autocert refuses a bare "localhost"), and neither an
+// IP address (clients send no server name for one) nor a wildcard (which
+// needs DNS-01, which the relay cannot answer).
+func checkACMEDomain(d string) error {
+	switch {
+	case strings.Contains(d, "*"):
+		return errors.New("is a wildcard: the relay answers TLS-ALPN-01 and HTTP-01, and a wildcard needs DNS-01; list the names")
+	case strings.Contains(d, ":") || net.ParseIP(d) != nil:
+		return errors.New("is not a host name (no port, no IP address)")
+	case !strings.Contains(strings.Trim(d, "."), "."):
+		return errors.New("has one label: the CA can validate only a name such as relay.example.com")
+	case len(d) > 253:
+		return errors.New("is longer than 253 characters")
+	}
+	for _, label := range strings.Split(d, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return errors.New("is not a DNS name")
+		}
+		for _, ch := range label {
+			if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+				return errors.New("is not a DNS name (letters, digits and hyphens; IDNs in their xn-- form)")
+			}
+		}
+	}
+	return nil
 }
 
 // check reports the cluster settings that cannot work together, and fills

@@ -75,6 +75,7 @@ const (
 	GroupGeneral   Group = "general"
 	GroupListeners Group = "listeners"
 	GroupTLS       Group = "tls"
+	GroupACME      Group = "acme"
 	GroupTURN      Group = "turn"
 	GroupMailbox   Group = "mailbox"
 	GroupPush      Group = "push"
@@ -87,7 +88,7 @@ const (
 
 // Groups returns every group in section order.
 func Groups() []Group {
-	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits, GroupCluster, GroupDemo}
+	return []Group{GroupGeneral, GroupListeners, GroupTLS, GroupACME, GroupTURN, GroupMailbox, GroupPush, GroupICE, GroupAgent, GroupLimits, GroupCluster, GroupDemo}
 }
 
 // title is the heading of a group's section in Usage and the README.
@@ -99,6 +100,8 @@ func (g Group) title() string {
 		return "Listen addresses (empty turns a service off)"
 	case GroupTLS:
 		return "TLS (the admin listener is always plain HTTP)"
+	case GroupACME:
+		return "Automatic certificates from an ACME CA such as Let's Encrypt (docs/acme.md)"
 	case GroupTURN:
 		return "TURN"
 	case GroupMailbox:
@@ -185,15 +188,26 @@ func table() []Setting {
 	add(GroupTLS, EnvTLSKey, KindString, "",
 		"PEM private-key file for RELAY_TLS_CERT.")
 	for _, s := range Services() {
-		plain := "Set empty to keep this listener plain despite RELAY_TLS_CERT."
+		plain := "Set empty to keep this listener plain despite RELAY_TLS_CERT or RELAY_ACME_DOMAINS."
 		if s == Agent {
-			plain = "The agent listener is always TLS: without a certificate it uses a development one whose CA is <data dir>/tls/ca.pem."
+			plain = "The agent listener is always TLS: without a certificate file it uses ACME's (RELAY_ACME_DOMAINS), else a development one whose CA is <data dir>/tls/ca.pem; set empty to keep the development one despite RELAY_ACME_DOMAINS."
 		}
 		add(GroupTLS, s.envPrefix()+"_TLS_CERT", KindString, "",
 			fmt.Sprintf("PEM certificate file for the %s listener alone, instead of RELAY_TLS_CERT; needs %s_TLS_KEY. %s", s, s.envPrefix(), plain))
 		add(GroupTLS, s.envPrefix()+"_TLS_KEY", KindString, "",
 			fmt.Sprintf("PEM private-key file for %s_TLS_CERT.", s.envPrefix()))
 	}
+
+	add(GroupACME, EnvACMEDomains, KindString, "",
+		"Comma-separated host names to get certificates for from an ACME CA, renewed before expiry without a restart: set, every listener but admin serves TLS with them in place of RELAY_TLS_CERT, the agent listener in place of its development certificate, TURN with turns: beside it. A listener whose RELAY_<SERVICE>_TLS_CERT is set empty stays out (plain; the agent on its development certificate); one with a certificate file as well is refused. Cached in <data dir>/acme.")
+	add(GroupACME, EnvACMEEmail, KindString, "",
+		"Contact address of the ACME account (the CA's expiry and policy notices); empty: none.")
+	add(GroupACME, EnvACMEDirectory, KindURL, DefaultACMEDirectory,
+		"Directory URL of the ACME CA; Let's Encrypt's staging CA is https://acme-staging-v02.api.letsencrypt.org/directory. Each directory has its own account and certificates in the cache.")
+	add(GroupACME, EnvACMEHTTPListen, KindAddr, "",
+		"Plain-HTTP listener answering HTTP-01 challenges (the CA connects to port 80: e.g. :80); other GET and HEAD requests are redirected to https. Empty: TLS-ALPN-01 only, answered by the TLS listeners (the CA connects to port 443: one of them must listen there).")
+	add(GroupACME, EnvACMECA, KindString, "",
+		"PEM file of roots trusted for the ACME directory's HTTPS besides the system's, for a private ACME CA (tests use pebble's).")
 
 	secret(GroupTURN, EnvTURNSecret,
 		"Shared secret of the coturn REST credential scheme: TURN checks credentials with it and the mailbox ice endpoint mints them with it.")
@@ -295,6 +309,18 @@ func table() []Setting {
 
 	return t
 }
+
+// ACME settings (docs/acme.md).
+const (
+	EnvACMEDomains    = "RELAY_ACME_DOMAINS"
+	EnvACMEEmail      = "RELAY_ACME_EMAIL"
+	EnvACMEDirectory  = "RELAY_ACME_DIRECTORY"
+	EnvACMEHTTPListen = "RELAY_ACME_HTTP_LISTEN"
+	EnvACMECA         = "RELAY_ACME_CA"
+)
+
+// DefaultACMEDirectory is Let's Encrypt's production CA.
+const DefaultACMEDirectory = "https://acme-v02.api.letsencrypt.org/directory"
 
 // Cluster-mode settings.
 const (
