@@ -757,3 +757,92 @@ func TestCORSOrigins(t *testing.T) {
 		wantErr(t, err, "RELAY_CORS_ORIGINS", says)
 	}
 }
+
+// TestACMEResolution: RELAY_ACME_DOMAINS stands in for RELAY_TLS_CERT on
+// every listener; a listener's own certificate setting set empty keeps it
+// out; names are checked, lower-cased and deduplicated.
+func TestACMEResolution(t *testing.T) {
+	c := loadConfig(t, nil, []string{
+		"RELAY_ACME_DOMAINS=Relay.Example.com, push.example.com,relay.example.com",
+		"RELAY_CHANNEL_TLS_CERT=", // out: plain
+		"RELAY_AGENT_TLS_KEY=",    // out: the development certificate
+	})
+	if want := []string{"relay.example.com", "push.example.com"}; fmt.Sprint(c.ACME.Domains) != fmt.Sprint(want) {
+		t.Errorf("domains %q, want %q", c.ACME.Domains, want)
+	}
+	if !c.ACME.On() || c.ACME.Directory != config.DefaultACMEDirectory || c.ACME.HTTPListen != "" || c.ACME.Email != "" || c.ACME.CAFile != "" {
+		t.Errorf("ACME %+v", c.ACME)
+	}
+	want := map[config.Service]bool{config.Mailbox: true, config.Channel: false, config.PushFCM: true, config.PushAPNs: true, config.Agent: false, config.TURN: true}
+	for s, acme := range want {
+		if l := c.Listeners[s]; l.ACME != acme || l.TLS() {
+			t.Errorf("%s: %+v, want ACME %v and no file", s, l, acme)
+		}
+	}
+
+	c = loadConfig(t, nil, nil)
+	if c.ACME.On() {
+		t.Errorf("ACME on by default: %+v", c.ACME)
+	}
+	for _, s := range config.Services() {
+		if c.Listeners[s].ACME {
+			t.Errorf("%s takes ACME by default", s)
+		}
+	}
+	// Set empty, the domains turn ACME off, and the other settings may stay.
+	c = loadConfig(t, nil, []string{"RELAY_ACME_DOMAINS=", "RELAY_ACME_HTTP_LISTEN=:80"})
+	if c.ACME.On() || c.Listeners[config.Mailbox].ACME {
+		t.Errorf("RELAY_ACME_DOMAINS= left ACME on: %+v", c.ACME)
+	}
+	c = loadConfig(t, []string{"--acme-domains=relay.example.com", "--acme-http-listen=:80", "--acme-email=ops@example.com",
+		"--acme-directory=https://acme-staging-v02.api.letsencrypt.org/directory", "--acme-ca=/ca.pem"}, nil)
+	if c.ACME.HTTPListen != ":80" || c.ACME.Email != "ops@example.com" || c.ACME.CAFile != "/ca.pem" ||
+		c.ACME.Directory != "https://acme-staging-v02.api.letsencrypt.org/directory" {
+		t.Errorf("ACME from flags: %+v", c.ACME)
+	}
+}
+
+func TestACMERefusals(t *testing.T) {
+	for _, c := range []struct {
+		environ []string
+		want    []string
+	}{
+		{[]string{"RELAY_ACME_DOMAINS=relay.example.com", "RELAY_AGENT_TLS_CERT=/a.crt", "RELAY_AGENT_TLS_KEY=/a.key"},
+			[]string{"RELAY_ACME_DOMAINS and RELAY_AGENT_TLS_CERT both give the agent listener its certificate", "RELAY_AGENT_TLS_CERT= empty keeps"}},
+		{[]string{"RELAY_ACME_DOMAINS=relay.example.com", "RELAY_TLS_CERT=/a.crt", "RELAY_TLS_KEY=/a.key", "RELAY_MAILBOX_TLS_CERT=", "RELAY_MAILBOX_TLS_KEY="},
+			[]string{"RELAY_ACME_DOMAINS and RELAY_TLS_CERT both give the channel, push-fcm, push-apns, agent, turn listeners their certificate"}},
+		{[]string{"RELAY_ACME_DOMAINS=relay.example.com", "RELAY_ACME_DIRECTORY="}, []string{"RELAY_ACME_DIRECTORY is empty while RELAY_ACME_DOMAINS is set"}},
+		{[]string{"RELAY_ACME_EMAIL=ops@example.com", "RELAY_ACME_CA=/ca.pem"}, []string{"RELAY_ACME_EMAIL, RELAY_ACME_CA apply to RELAY_ACME_DOMAINS, which is not set"}},
+		{[]string{"RELAY_ACME_DIRECTORY=https://ca.example/dir"}, []string{"RELAY_ACME_DIRECTORY apply to RELAY_ACME_DOMAINS"}},
+		{[]string{"RELAY_ACME_DOMAINS=relay.example.com", "RELAY_MAILBOX_LISTEN=", "RELAY_CHANNEL_LISTEN=", "RELAY_PUSH_FCM_LISTEN=", "RELAY_PUSH_APNS_LISTEN=", "RELAY_TURN_LISTEN=", "RELAY_AGENT_TLS_CERT="},
+			[]string{"RELAY_ACME_DOMAINS is set but no listener takes its certificates"}},
+	} {
+		_, err := load(t, nil, c.environ).Config()
+		wantErr(t, err, c.want...)
+	}
+	// A domain the CA cannot validate, each with its reason; the valid
+	// ones beside it do not hide it.
+	for domain, reason := range map[string]string{
+		"localhost":                              "has one label",
+		"*.example.com":                          "is a wildcard",
+		"relay.example.com:443":                  "is not a host name",
+		"192.0.2.1":                              "is not a host name",
+		"::1":                                    "is not a host name",
+		"relay_1.example.com":                    "is not a DNS name",
+		"-relay.example.com":                     "is not a DNS name",
+		"relay..example.com":                     "is not a DNS name",
+		"r\u00e9lay.example.com":                 "is not a DNS name",
+		strings.Repeat("a", 64) + ".example.com": "is not a DNS name",
+		strings.Repeat("a.", 127) + "com":        "is longer than 253 characters",
+	} {
+		_, err := load(t, nil, []string{"RELAY_ACME_DOMAINS=relay.example.com," + domain}).Config()
+		wantErr(t, err, fmt.Sprintf("RELAY_ACME_DOMAINS: %q %s", domain, reason))
+	}
+	// At the limits: a 63-character label, a 253-character name.
+	long := strings.Repeat("a", 63) + ".example.com"
+	name253 := strings.Repeat("a.", 125) + "com"
+	c := loadConfig(t, nil, []string{"RELAY_ACME_DOMAINS=" + long + "," + name253 + ",xn--rlay-bpa.example.com"})
+	if len(c.ACME.Domains) != 3 || len(name253) != 253 {
+		t.Errorf("domains %q", c.ACME.Domains)
+	}
+}
