@@ -5,7 +5,6 @@ import (
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -83,13 +82,7 @@ func TestDemoServesEveryServiceOnFirstStart(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("ice: %d %s", code, body)
 	}
-	var ice struct {
-		ICEServers []struct {
-			URLs       []string `json:"urls"`
-			Username   string   `json:"username"`
-			Credential string   `json:"credential"`
-		} `json:"iceServers"`
-	}
+	var ice iceAnswer
 	if err := json.Unmarshal(body, &ice); err != nil || len(ice.ICEServers) != 2 {
 		t.Fatalf("ice answer %s", body)
 	}
@@ -207,15 +200,4 @@ func preflight(t *testing.T, url, origin string) string {
 	}
 	resp.Body.Close()
 	return resp.Header.Get("Access-Control-Allow-Origin")
-}
-
-func getFile(t *testing.T, url string) (body, contentType string, code int) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b), resp.Header.Get("Content-Type"), resp.StatusCode
 }

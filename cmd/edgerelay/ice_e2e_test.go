@@ -33,13 +33,7 @@ func TestICECredentialsWorkOnTheBuiltInTURN(t *testing.T) {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var ice struct {
-		ICEServers []struct {
-			URLs       []string `json:"urls"`
-			Username   string   `json:"username"`
-			Credential string   `json:"credential"`
-		} `json:"iceServers"`
-	}
+	var ice iceAnswer
 	if err := json.Unmarshal(raw, &ice); err != nil || len(ice.ICEServers) != 2 {
 		t.Fatalf("ice %d %s", resp.StatusCode, raw)
 	}
@@ -113,6 +107,15 @@ func TestICECredentialsWorkOnTheBuiltInTURN(t *testing.T) {
 	if _, err := bad.Allocate(); err == nil {
 		t.Fatal("a wrong credential allocated")
 	}
+}
+
+// iceAnswer is the mailbox ice endpoint's answer, as a WebRTC client reads it.
+type iceAnswer struct {
+	ICEServers []struct {
+		URLs       []string `json:"urls"`
+		Username   string   `json:"username"`
+		Credential string   `json:"credential"`
+	} `json:"iceServers"`
 }
 
 func freeUDPPort(t *testing.T) string {

@@ -338,13 +338,20 @@ var handed struct {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
+	body, _, code := getFile(t, url)
+	return code, body
+}
+
+// getFile is get with the answer's Content-Type.
+func getFile(t *testing.T, url string) (body, contentType string, code int) {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return string(b), resp.Header.Get("Content-Type"), resp.StatusCode
 }
 
 type lockedBuffer struct {
