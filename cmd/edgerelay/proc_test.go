@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"edgerelay/fastpath/procenv"
 )
 
 // binary is the edgerelay binary built once for the package's tests: the
@@ -108,23 +110,6 @@ func prepare(t *testing.T, s *relayProc, env ...string) {
 	t.Cleanup(func() { s.kill() })
 }
 
-func mergeEnv(base, over []string) []string {
-	out := append([]string(nil), base...)
-	for _, kv := range over {
-		name, _, _ := strings.Cut(kv, "=")
-		replaced := false
-		for i, b := range out {
-			if strings.HasPrefix(b, name+"=") {
-				out[i], replaced = kv, true
-			}
-		}
-		if !replaced {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
-
 // start launches the process and waits for its start-up lines.
 func (s *relayProc) start() {
 	s.t.Helper()
@@ -201,27 +186,6 @@ func (s *relayProc) awaitStart(lines <-chan string) {
 			s.t.Fatalf("serve did not start:\n%s", s.stderr.String())
 		}
 	}
-}
-
-// cleanEnv is the test process's environment without RELAY_* settings, for
-// the commands and servers a test runs.
-func cleanEnv() []string {
-	var out []string
-	gorace := "GORACE=atexit_sleep_ms=0"
-	for _, kv := range os.Environ() {
-		switch {
-		case strings.HasPrefix(kv, "RELAY_"):
-		case strings.HasPrefix(kv, "GORACE="):
-			gorace = kv + " atexit_sleep_ms=0"
-		default:
-			out = append(out, kv)
-		}
-	}
-	// A -race binary sleeps 1 s before it exits (GORACE's atexit_sleep_ms,
-	// so late reports of other goroutines get out); every command and
-	// server these tests run would wait it out: about 90 s of make test.
-	// A race is still reported, and still fails the exit code.
-	return append(out, gorace)
 }
 
 func (s *relayProc) origin(service string) string { return "http://" + s.addrs[service] }
@@ -370,3 +334,7 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// mergeEnv and cleanEnv are the suite's names for procenv's two rules.
+func mergeEnv(base, over []string) []string { return procenv.Merge(base, over) }
+func cleanEnv() []string                    { return procenv.Clean() }

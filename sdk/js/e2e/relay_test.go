@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"edgerelay/fastpath/procenv"
 )
 
 // binaryPath is the edgerelay binary built once for the package's tests.
@@ -210,34 +212,6 @@ func runNode(t *testing.T, env []string, args ...string) string {
 	return string(out)
 }
 
-func mergeEnv(base, over []string) []string {
-	out := append([]string(nil), base...)
-	for _, kv := range over {
-		name, _, _ := strings.Cut(kv, "=")
-		replaced := false
-		for i, b := range out {
-			if strings.HasPrefix(b, name+"=") {
-				out[i], replaced = kv, true
-			}
-		}
-		if !replaced {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
-
-// cleanEnv is the test process's environment without RELAY_* settings.
-func cleanEnv() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RELAY_") {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
-
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  strings.Builder
@@ -254,3 +228,7 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// mergeEnv and cleanEnv are the suite's names for procenv's two rules.
+func mergeEnv(base, over []string) []string { return procenv.Merge(base, over) }
+func cleanEnv() []string                    { return procenv.Clean() }
