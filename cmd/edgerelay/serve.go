@@ -173,6 +173,14 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	if err := admin.RegisterStorage(reg, unavailable); err != nil {
 		return nil, err
 	}
+	if err := db.RegisterMetrics(reg); err != nil {
+		return nil, err
+	}
+	if r.cluster != nil {
+		if err := r.cluster.RegisterMetrics(reg); err != nil {
+			return nil, err
+		}
+	}
 	listenerMetrics, err := netlimit.NewPromMetrics(reg)
 	if err != nil {
 		return nil, err
