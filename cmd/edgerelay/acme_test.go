@@ -574,3 +574,22 @@ func TestACMERefusals(t *testing.T) {
 		t.Errorf("bad RELAY_ACME_CA: exit %d: %s", code, errOut)
 	}
 }
+
+// TestACMETurnsListenPort: the turns: port keeps the standard ports'
+// distance from TURN's, up to the last port that leaves room for it.
+func TestACMETurnsListenPort(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1:3478": "127.0.0.1:5349",
+		":3479":          ":5350",
+		"[::1]:0":        "[::1]:0",
+		"0.0.0.0:63664":  "0.0.0.0:65535",
+		"0.0.0.0:1000":   "0.0.0.0:2871",
+	} {
+		if got, err := turnsListen(addr); err != nil || got != want {
+			t.Errorf("%s: %q %v, want %s", addr, got, err, want)
+		}
+	}
+	if got, err := turnsListen("0.0.0.0:63665"); err == nil || !strings.Contains(err.Error(), "RELAY_TURN_LISTEN=0.0.0.0:63665: its turns: port would be 65536") {
+		t.Errorf("63665: %q %v", got, err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/acme"
@@ -61,7 +62,24 @@ type ACME struct {
 	m   *autocert.Manager
 	def string
 	log *slog.Logger
+
+	// failed holds, per domain, when obtaining its certificate last
+	// failed: for acmeRetryAfter after that, handshakes for it fail at
+	// once instead of each placing an order. autocert has no such pause,
+	// and a CA counts failed validations (Let's Encrypt allows 5 per name
+	// and hour) while clients keep connecting.
+	mu     sync.Mutex
+	failed map[string]failure
 }
+
+type failure struct {
+	at  time.Time
+	err error
+}
+
+// acmeRetryAfter is how long a domain whose certificate could not be
+// obtained waits before the next handshake tries again.
+const acmeRetryAfter = time.Minute
 
 // NewACME makes the cache directory and returns the certificate source.
 // Nothing is asked of the CA before the first handshake or Prefetch.
@@ -92,7 +110,7 @@ func NewACME(cfg ACMEConfig) (*ACME, error) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
 		client.HTTPClient = &http.Client{Transport: tr, Timeout: time.Minute}
 	}
-	a := &ACME{def: cfg.Domains[0], log: log}
+	a := &ACME{def: cfg.Domains[0], log: log, failed: map[string]failure{}}
 	a.m = &autocert.Manager{
 		Prompt:     autocert.AcceptTOS,
 		HostPolicy: hostPolicy(cfg.Domains),
@@ -152,12 +170,29 @@ func (a *ACME) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, err
 	if slices.Contains(h.SupportedVersions, tls.VersionTLS13) && slices.Contains(h.SignatureSchemes, tls.ECDSAWithP256AndSHA256) {
 		h.CipherSuites = append(slices.Clip(h.CipherSuites), tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256)
 	}
+	if isChallenge(&h) || !a.isOurs(h.ServerName) {
+		return a.m.GetCertificate(&h)
+	}
+	name := strings.ToLower(strings.TrimSuffix(h.ServerName, "."))
+	a.mu.Lock()
+	f, failed := a.failed[name]
+	a.mu.Unlock()
+	if failed && time.Since(f.at) < acmeRetryAfter {
+		return nil, fmt.Errorf("acme: no certificate for %s (next try %s after the last failure): %w", name, acmeRetryAfter, f.err)
+	}
 	cert, err := a.m.GetCertificate(&h)
-	if err != nil && a.isOurs(h.ServerName) && !isChallenge(&h) {
+	a.mu.Lock()
+	if err != nil {
+		a.failed[name] = failure{at: time.Now(), err: err}
+	} else {
+		delete(a.failed, name)
+	}
+	a.mu.Unlock()
+	if err != nil {
 		// Obtaining the certificate failed (the CA unreachable, a
 		// challenge that did not validate): the operator must see why.
 		// Names not listed are scanners and stay out of the log.
-		a.log.Warn("acme: no certificate", "domain", h.ServerName, "err", err)
+		a.log.Warn("acme: no certificate", "domain", name, "err", err, "next_try", acmeRetryAfter.String())
 	}
 	return cert, err
 }

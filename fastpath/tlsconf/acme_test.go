@@ -151,6 +151,18 @@ func TestACMEServesCachedCertificate(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, `msg="acme: no certificate" domain=other.example.com`) {
 		t.Errorf("log %q", got)
 	}
+	// Within the minute after, handshakes for it fail at once, without an
+	// order and without a log line; the cached one is still served.
+	_, err = a.GetCertificate(&tls.ClientHelloInfo{ServerName: "Other.Example.com."})
+	if err == nil || !strings.Contains(err.Error(), "acme: no certificate for other.example.com (next try 1m0s after the last failure)") {
+		t.Errorf("second try: %v", err)
+	}
+	if n := strings.Count(logs.String(), "acme: no certificate"); n != 1 {
+		t.Errorf("%d log lines, want 1: %s", n, logs.String())
+	}
+	if c, err := a.GetCertificate(&tls.ClientHelloInfo{ServerName: "relay.example.com", CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}}); err != nil || c.Leaf.SerialNumber.Cmp(serial) != 0 {
+		t.Errorf("relay.example.com after other's failure: %v", err)
+	}
 }
 
 // cacheCert writes a self-signed ECDSA certificate for domain into an

@@ -165,7 +165,7 @@ func table() []Setting {
 	add(GroupGeneral, EnvConfig, KindString, "",
 		"Config file read before the environment: lines of RELAY_NAME=value (or flag-name = value), # comments, blank lines. The environment and flags override it.")
 	add(GroupGeneral, EnvDataDir, KindString, "./data",
-		"Data directory: the Pebble store, the development TLS certificate (its CA in tls/ca.pem) and the agent-relay signing key. Key-management commands find it the same way.")
+		"Data directory: the Pebble store, the development TLS certificate (its CA in tls/ca.pem), the ACME cache (acme/) and the agent-relay signing key. Key-management commands find it the same way.")
 	add(GroupGeneral, EnvLogLevel, KindLevel, "info",
 		"Least severe level logged (debug, info, warn, error). Logs are JSON lines and never contain a token, key, device token or envelope byte.")
 	add(GroupGeneral, EnvDrainTimeout, KindDuration, "10s",
