@@ -70,7 +70,8 @@ export interface MailboxOptions {
   /** WebSocket to use for watch() (default globalThis.WebSocket; Node 20 needs --experimental-websocket). */
   WebSocket?: typeof WebSocket;
   /**
-   * Default true: a request answered 429 rate_limited with a Retry-After of
+   * Default true: a request answered 429 rate_limited (for a HEAD, which has
+   * no body, code http_429) with a Retry-After of
    * at most 5 s is sent once more after that wait (every request of this
    * client is safe to repeat: an envelope PUT repeated answers 200 "same").
    * A longer wait, a second 429 or too_many_watchers reject with RelayError
@@ -519,7 +520,9 @@ export class Mailbox {
       if (r.ok.includes(resp.status)) return resp;
       const err = await relayErrorOf(resp, `mailbox: ${op}`);
       const wait = err.retryAfter ?? 1;
-      if (attempt === 0 && !r.noRetry && err.code === "rate_limited" && (this.#o.retryRateLimited ?? true) && wait <= MAX_AUTO_RETRY_S) {
+      // A HEAD's 429 has no body to name its code (http_429): every 429
+      // but too_many_watchers is a bucket's.
+      if (attempt === 0 && !r.noRetry && err.status === 429 && err.code !== "too_many_watchers" && (this.#o.retryRateLimited ?? true) && wait <= MAX_AUTO_RETRY_S) {
         await sleep(wait * 1000);
         continue;
       }

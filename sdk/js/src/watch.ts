@@ -23,6 +23,14 @@ export interface WatchTiming {
   backoffMinMs?: number;
   /** The cap of the reconnect wait before jitter (30,000 ms). */
   backoffMaxMs?: number;
+  /**
+   * A socket still connecting after this many ms (10,000) is dropped and
+   * tried again: a connection accepted by a listener that will never answer
+   * (a relay draining, a dead proxy) would otherwise wait for ever.
+   */
+  openTimeoutMs?: number;
+  /** An open socket that reported an error but no close within this many ms (2,000) is dropped. */
+  errorGraceMs?: number;
   /** A socket that stayed open this long (10,000 ms), or delivered a message, resets the backoff. */
   stableMs?: number;
   /** Bytes of frames waiting to be opened beyond which the socket is dropped and reopened (1 MiB). */
@@ -52,6 +60,8 @@ const DEFAULTS: Required<WatchTiming> = {
   backoffMinMs: 500,
   backoffMaxMs: 30_000,
   stableMs: 10_000,
+  openTimeoutMs: 10_000,
+  errorGraceMs: 2_000,
   maxQueuedBytes: 1 << 20,
 };
 
@@ -79,6 +89,7 @@ export class WatchLoop implements Watcher {
   #reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   #pingTimer: ReturnType<typeof setInterval> | undefined;
   #pongTimer: ReturnType<typeof setTimeout> | undefined;
+  #openTimer: ReturnType<typeof setTimeout> | undefined;
   /** Frames in order: each opened and delivered after the one before. */
   #chain: Promise<void> = Promise.resolve();
   #queuedBytes = 0;
@@ -128,8 +139,18 @@ export class WatchLoop implements Watcher {
     let opened = false;
     let openedAt = 0;
     let delivered = false;
+    clearTimeout(this.#openTimer);
+    this.#openTimer = setTimeout(() => {
+      this.#openTimer = undefined;
+      if (gen !== this.#gen || opened) return;
+      this.#drop(ws);
+      this.#report(new SocketClosedError(DROP_CODE, "open timeout", `watch: socket not open after ${this.#t.openTimeoutMs} ms; trying again`));
+      this.#reconnect(true);
+    }, this.#t.openTimeoutMs);
     ws.onopen = () => {
       if (gen !== this.#gen) return;
+      clearTimeout(this.#openTimer);
+      this.#openTimer = undefined;
       if (ws.protocol !== this.#d.protocols[0]) {
         // Not quoted: a relay that echoes the bearer would put it in the message.
         this.#drop(ws);
@@ -190,10 +211,33 @@ export class WatchLoop implements Watcher {
         }
       }).catch((e: unknown) => this.#report(e instanceof Error ? e : new Error(String(e))));
     };
-    ws.onerror = () => {}; // the close event that follows says what happened
+    ws.onerror = () => {
+      if (gen !== this.#gen) return;
+      if (!opened) {
+        // Browsers follow with a close event (1006), but Node's WebSocket
+        // (undici, Node 20) stays CONNECTING after a refused connection and
+        // never closes: take the error as the failed open.
+        this.#drop(ws);
+        this.#report(new SocketClosedError(1006, "", `watch: socket did not open (connection failed); reconnecting above ${this.#d.floor()}`));
+        this.#reconnect(true);
+        return;
+      }
+      // Open: the close event that follows says what happened; should it
+      // not come, the socket is dropped after a grace period.
+      setTimeout(() => {
+        if (gen !== this.#gen) return;
+        this.#drop(ws);
+        this.#report(new SocketClosedError(1006, "", `watch: socket failed; reconnecting above ${this.#d.floor()}`));
+        this.#reconnect(false);
+      }, this.#t.errorGraceMs);
+    };
     ws.onclose = (ev: CloseEvent) => {
       if (gen !== this.#gen) return;
+      clearTimeout(this.#openTimer);
+      this.#openTimer = undefined;
       this.#stopPing();
+      // Done with this socket: its timers (the error grace) must not act.
+      this.#gen++;
       this.#ws = undefined;
       if (this.#stopped) return;
       if (ev.code === 1000) {
@@ -286,6 +330,7 @@ export class WatchLoop implements Watcher {
     this.#stopped = true;
     this.#error = err;
     clearTimeout(this.#reconnectTimer);
+    clearTimeout(this.#openTimer);
     this.#stopPing();
     const ws = this.#ws;
     this.#gen++;

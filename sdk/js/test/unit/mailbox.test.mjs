@@ -2,7 +2,7 @@
 // (method, URL, headers with the bearer and X-Relay-Notify, bodies), every
 // answer of spec/mailbox.md's Answers table as a RelayError, the sealed
 // send/receive, and the Watcher's reconnects, pings and stops.
-import { test } from "node:test";
+import { test, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { Mailbox, WATCH_SUBPROTOCOL, BEARER_SUBPROTOCOL } from "../../dist/mailbox.js";
 import { RelayError, SocketClosedError, ProtocolError, NetworkError } from "../../dist/errors.js";
@@ -463,6 +463,10 @@ class FakeWS {
   frame(data) {
     this.onmessage?.({ data });
   }
+  /** An error event and nothing else, as Node 20's WebSocket does for a refused connection. */
+  fail() {
+    this.onerror?.({});
+  }
   serverClose(code, reason = "") {
     this.readyState = 3;
     this.onclose?.({ code, reason });
@@ -479,6 +483,13 @@ async function until(cond, what, ms = 3000) {
 
 const FAST = { backoffMinMs: 10, backoffMaxMs: 40, pingMs: 60_000, pongTimeoutMs: 30, stableMs: 10_000 };
 
+// A test that fails leaves its watcher reconnecting: close them all, so
+// that the process ends.
+const watchers = [];
+afterEach(() => {
+  for (const w of watchers.splice(0)) w.close();
+});
+
 function watching(fetch = fakeFetch(), opts = {}, timing = FAST) {
   FakeWS.all = [];
   const m = new Mailbox({ relay: RELAY, app: "demo", link, role: "primary", fetch, WebSocket: FakeWS, watchTiming: timing });
@@ -488,6 +499,7 @@ function watching(fetch = fakeFetch(), opts = {}, timing = FAST) {
     onOpen: () => got.opens++,
     onError: (e) => got.errors.push(e),
   }, opts);
+  watchers.push(w);
   return { m, w, got };
 }
 
@@ -651,6 +663,35 @@ test("watch: frames waiting to be opened are bounded; past the bound the socket 
   FakeWS.all[1].frame(envs[3]);
   await until(() => got.messages.length === 4, "the fourth");
   w.close();
+});
+
+test("watch: an error event without a close (Node's refused connection), a socket stuck connecting, an open socket's error without a close", async () => {
+  const fetch = fakeFetch(headAnswer(0, 0, 0), headAnswer(0, 0, 0));
+  const { w, got } = watching(fetch, { foreground: false }, { ...FAST, openTimeoutMs: 50, errorGraceMs: 30 });
+  FakeWS.all[0].fail();
+  await until(() => FakeWS.all.length === 2, "a reconnect after the error");
+  assert.equal(FakeWS.all[0].closedWith, 4000);
+  assert.equal(got.errors[0].code, 1006);
+  // Never opens, never fails: the open timeout.
+  await until(() => FakeWS.all.length === 3, "a reconnect after the open timeout");
+  assert.equal(FakeWS.all[1].closedWith, 4000);
+  assert.equal(got.errors[1].reason, "open timeout");
+  assert.equal(fetch.requests.length, 2, "both failed opens probed with a HEAD");
+  FakeWS.all[2].open();
+  FakeWS.all[2].fail();
+  await until(() => FakeWS.all.length === 4, "a reconnect after an error with no close");
+  assert.equal(FakeWS.all[2].closedWith, 4000);
+  FakeWS.all[3].open();
+  FakeWS.all[3].fail();
+  FakeWS.all[3].serverClose(1011, "boom"); // the close comes: no second reconnect from the grace timer
+  await until(() => FakeWS.all.length === 5, "a reconnect after the close");
+  FakeWS.all[4].open();
+  await new Promise((r) => setTimeout(r, 80));
+  assert.equal(FakeWS.all.length, 5);
+  assert.equal(got.errors.at(-1).code, 1011);
+  w.close();
+  assert.equal(FakeWS.all[4].closedWith, 1000);
+  await w.closed;
 });
 
 test("watch: an exception of onMessage goes to onError and the watch goes on", async () => {
