@@ -111,4 +111,3 @@ func mbxFreePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
-
