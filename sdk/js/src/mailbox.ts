@@ -55,6 +55,26 @@ export interface Watcher {
   foreground: boolean;
 }
 
+/** A sealed envelope whose PUT has not succeeded yet: see Mailbox.pending. */
+export interface PendingEnvelope {
+  seq: number;
+  envelope: Uint8Array;
+  notify?: Notify;
+}
+
+/**
+ * Whether a PUT's failure can never turn into success for those bytes: any
+ * 4xx but 429 (409 conflict: the number is taken or pruned past; 413; 400;
+ * 401/403/404: no such mailbox for this token). 429, 5xx (507 full, 503
+ * storage unavailable) and no answer at all may pass on a later try.
+ */
+function permanent(e: unknown): boolean {
+  return e instanceof RelayError && e.status >= 400 && e.status < 500 && e.status !== 429;
+}
+
+/** How many sealed envelopes a Mailbox keeps pending before send() refuses to seal more. */
+export const MAX_PENDING = 16;
+
 /** Options of a Mailbox. */
 export interface MailboxOptions {
   /** The mailbox listener's origin, e.g. "https://relay.example.com" (a path prefix is kept). */
@@ -127,9 +147,12 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
  * at or below its pruned mark with 409 conflict. send() then rejects with
  * that RelayError (the message says to persist nextSeq) rather than guess a
  * number: a guess too high leaves a gap the reader cannot tell from a lost
- * envelope. Each send() spends its sequence before it sends anything, also
- * when it fails, so a number is never sealed twice; send the message again
- * and it gets the next one.
+ * envelope. Each send() spends its sequence before it sends anything, so a
+ * number is never sealed twice; when its PUT fails (429, 507, 5xx, no
+ * answer) the sealed envelope stays `pending` and is stored, those very
+ * bytes, before the next message (or by flush()): the reader gets every
+ * number in order, and a rejected send() must not be repeated. Persist
+ * `pending` with nextSeq.
  *
  * **Reading.** receive() and watch() open envelopes with one EnvelopeReader
  * (replays and forgeries are dropped and counted in `dropped`) and deliver
@@ -154,6 +177,8 @@ export class Mailbox {
   #reader: EnvelopeReader;
   #dropped = 0;
   #sendQueue: Promise<unknown> = Promise.resolve();
+  /** Sealed envelopes not stored yet, ascending: see pending. */
+  #pending: PendingEnvelope[] = [];
   #watcher: WatchLoop | undefined;
 
   /** Throws TypeError for a relay that is not an http(s) URL, a bad app name or role. */
@@ -243,14 +268,81 @@ export class Mailbox {
    * stores it in this device's direction; resolves with the sequence used.
    * notify asks the relay to push the reader. Calls are carried out one
    * after another, in call order. See the class comment on sequences.
-   * Rejects with RangeError when the envelope would exceed maxEnvelope,
-   * RelayError for the relay's refusals (409 conflict, 507 mailbox_full,
-   * 429 rate_limited ...), NetworkError when the relay did not answer.
+   * Envelopes of earlier sends still pending go first (see pending).
+   * Rejects with RangeError, the message not sealed, when the envelope would
+   * exceed maxEnvelope or MAX_PENDING envelopes are pending; with
+   * RelayError for the relay's refusals (507 mailbox_full, 429 rate_limited
+   * ...) or NetworkError when the relay did not answer, the message then
+   * pending (stored by the next send() or flush(): do not send it again);
+   * with RelayError 409 conflict, 413 or another 4xx when its envelope can
+   * never be stored (then nothing stays pending).
    */
   send(message: Uint8Array | string, opts: { notify?: Notify } = {}): Promise<number> {
-    const p = this.#sendQueue.then(() => this.#sendOne(message, opts.notify));
+    return this.#queued(() => this.#sendOne(message, opts.notify));
+  }
+
+  /**
+   * The sealed envelopes of send() calls that rejected with a RelayError or
+   * a NetworkError, ascending by sequence (at most MAX_PENDING). Their
+   * numbers are spent, so they must reach the relay or the reader sees a
+   * hole: each later send() and flush() stores them first, byte for byte,
+   * which is safe to repeat (the relay answers 200 "same" to a PUT that did
+   * land the first time) and seals nothing twice. So a message whose send()
+   * rejected that way is not lost: do not send it again (it would arrive
+   * twice). Persist this list with nextSeq and set it when the app starts;
+   * setting checks each envelope carries its seq, ascending (TypeError).
+   * An envelope the relay refuses for good (any 4xx but 429: 409 conflict,
+   * its number taken by other bytes or pruned past; 413; 404 ...) can never
+   * be stored and is dropped; its number stays a hole.
+   */
+  get pending(): PendingEnvelope[] {
+    return this.#pending.map((p) => ({ ...p }));
+  }
+  set pending(list: PendingEnvelope[]) {
+    let last = 0;
+    for (const p of list) {
+      checkNotify(p.notify, "pending");
+      if (!(p.envelope instanceof Uint8Array) || p.seq <= last || envelopeSequence(p.envelope) !== p.seq) {
+        throw new TypeError(`mailbox: pending: envelope ${String(p.seq)} does not carry its sequence, or the list is not ascending`);
+      }
+      last = p.seq;
+    }
+    if (list.length > MAX_PENDING) throw new RangeError(`mailbox: pending: ${list.length} envelopes, at most ${MAX_PENDING}`);
+    this.#pending = list.map((p) => ({ ...p }));
+  }
+
+  /**
+   * Stores the pending envelopes (see pending) now, in turn with send();
+   * resolves with how many were stored. Rejects as send() does, and what
+   * is left stays pending.
+   */
+  flush(): Promise<number> {
+    return this.#queued(() => this.#flushPending());
+  }
+
+  #queued<T>(op: () => Promise<T>): Promise<T> {
+    const p = this.#sendQueue.then(op);
     this.#sendQueue = p.catch(() => {});
     return p;
+  }
+
+  /** Stores the pending envelopes in order; the first failure stops it (a conflict drops that one and goes on). */
+  async #flushPending(): Promise<number> {
+    let stored = 0;
+    while (this.#pending.length > 0) {
+      const p = this.#pending[0]!;
+      try {
+        await this.put(this.writes, p.seq, p.envelope, p.notify);
+        stored++;
+      } catch (e) {
+        if (!permanent(e)) throw e;
+        if (this.#pending[0] === p) this.#pending.shift();
+        if (this.#pending.length === 0) throw e;
+        continue;
+      }
+      if (this.#pending[0] === p) this.#pending.shift();
+    }
+    return stored;
   }
 
   async #sendOne(message: Uint8Array | string, notify: Notify | undefined): Promise<number> {
@@ -261,6 +353,9 @@ export class Mailbox {
       throw new RangeError(`mailbox: send: a ${bytes.length}-byte message makes a ${bytes.length + ENVELOPE_OVERHEAD}-byte envelope, over maxEnvelope ${max}`);
     }
     checkNotify(notify, "send");
+    if (this.#pending.length >= MAX_PENDING) {
+      throw new RangeError(`mailbox: send: ${this.#pending.length} earlier envelopes are not stored yet (pending): flush() them first; this message was not sealed`);
+    }
     let fromHead = false;
     if (this.#nextSeq === 0) {
       const h = await this.head(this.writes);
@@ -273,8 +368,11 @@ export class Mailbox {
     // sealed again.
     this.#nextSeq = seq + 1;
     const env = await sealEnvelope(this.#o.link.envelopeKey(this.writes), seq, bytes);
+    // Queued behind the envelopes of earlier failed sends, so that the
+    // reader gets every number, in order; it stays queued if its PUT fails.
+    this.#pending.push({ seq, envelope: env, notify });
     try {
-      await this.put(this.writes, seq, env, notify);
+      await this.#flushPending();
     } catch (e) {
       if (fromHead && e instanceof RelayError && e.code === "conflict") {
         throw new RelayError(e.status, e.code, {

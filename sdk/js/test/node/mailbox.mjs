@@ -198,9 +198,15 @@ const lines = stdin[Symbol.asyncIterator]();
   await relayError(P.send("one too many"), 507, "mailbox_full", "a direction holding RELAY_MAX_STORED");
   assert.equal(await P.has("p2c", seq), false);
   assert.equal(P.nextSeq, seq + 1, "the refused send spent its number");
-  await C.receive({ limit: 5 });
-  await C.prune("p2c", C.readerFloor);
+  assert.deepEqual(P.pending.map((p) => p.seq), [seq], "the refused send's envelope is pending");
+  // Sequence 2 was never stored (the 413s above), so the reader's floor
+  // stays at 1: prune through the last sequence received instead.
+  const got = await C.receive({ limit: 5 });
+  await C.prune("p2c", got.at(-1).seq);
   assert.equal(await P.send("after the prune"), seq + 1);
+  assert.deepEqual(P.pending, [], "the pending envelope was stored first");
+  assert.deepEqual((await C.receive()).map((m) => [m.seq, new TextDecoder().decode(m.plaintext)]).slice(-2),
+    [[seq, "one too many"], [seq + 1, "after the prune"]], "both arrive, in order");
   log(`limits: ${MAX_ENVELOPE} bytes stored, ${MAX_ENVELOPE + 1} 413, ${MAX_STORED + 1}th envelope 507`);
 }
 

@@ -4,7 +4,7 @@
 // send/receive, and the Watcher's reconnects, pings and stops.
 import { test, afterEach } from "node:test";
 import assert from "node:assert/strict";
-import { Mailbox, WATCH_SUBPROTOCOL, BEARER_SUBPROTOCOL } from "../../dist/mailbox.js";
+import { Mailbox, MAX_PENDING, WATCH_SUBPROTOCOL, BEARER_SUBPROTOCOL } from "../../dist/mailbox.js";
 import { RelayError, SocketClosedError, ProtocolError, NetworkError } from "../../dist/errors.js";
 import { encodeBatch } from "../../dist/batch.js";
 import { Link } from "../../dist/link.js";
@@ -369,13 +369,73 @@ test("send: a set nextSeq asks no HEAD; concurrent sends get consecutive numbers
   assert.throws(() => (m.nextSeq = 2 ** 53), RangeError);
 });
 
-test("send: a failed PUT spends its sequence (never sealed twice); the next send goes on", async () => {
-  const f = fakeFetch(answer(507, { code: "mailbox_full" }), answer(201));
+test("send: a failed PUT spends its sequence and leaves the envelope pending; the next send stores those bytes first", async () => {
+  const f = fakeFetch(answer(507, { code: "mailbox_full" }), answer(201), answer(201));
   const m = mailbox(f);
   m.nextSeq = 3;
-  await rejects(m.send("x"), (e) => assert.deepEqual([e.status, e.code], [507, "mailbox_full"]));
+  await rejects(m.send("x", { notify: "alert" }), (e) => assert.deepEqual([e.status, e.code], [507, "mailbox_full"]));
   assert.equal(m.nextSeq, 4);
+  const [p] = m.pending;
+  assert.equal(m.pending.length, 1);
+  assert.equal(p.seq, 3);
+  assert.deepEqual(p.envelope, f.requests[0].body);
   assert.equal(await m.send("y"), 4);
+  // seq 3 again, the same bytes and the same notify, then 4.
+  assert.deepEqual(f.requests.map((r) => r.url), [`${BASE}/p2c/3`, `${BASE}/p2c/3`, `${BASE}/p2c/4`]);
+  assert.deepEqual(f.requests[1].body, f.requests[0].body);
+  assert.equal(f.requests[1].headers["x-relay-notify"], "alert");
+  assert.equal(fromUtf8((await openEnvelope(link.envelopeKey("p2c"), f.requests[1].body)).plaintext), "x");
+  assert.deepEqual(m.pending, []);
+});
+
+test("send: while an earlier envelope still fails, each new message queues behind it in order; flush stores them; at MAX_PENDING send refuses to seal", async () => {
+  const full = () => answer(507, { code: "mailbox_full" });
+  const f = fakeFetch(full(), full(), full(), answer(201), answer(200), answer(201));
+  const m = mailbox(f);
+  m.nextSeq = 1;
+  await rejects(m.send("a"), (e) => assert.equal(e.code, "mailbox_full"));
+  await rejects(m.send("b"), (e) => assert.equal(e.code, "mailbox_full")); // 1 again, refused: b sealed as 2 and queued
+  assert.deepEqual(m.pending.map((p) => p.seq), [1, 2]);
+  await rejects(m.flush(), (e) => assert.equal(e.code, "mailbox_full"));
+  assert.equal(await m.flush(), 2); // 1 created, 2 "same" (it had landed)
+  assert.deepEqual(f.requests.map((r) => r.url.slice(BASE.length)), ["/p2c/1", "/p2c/1", "/p2c/1", "/p2c/1", "/p2c/2"]);
+  assert.equal(await m.flush(), 0);
+  assert.equal(await m.send("c"), 3);
+  // The bound: MAX_PENDING envelopes pending, the next message is not sealed.
+  const g = fakeFetch(...Array.from({ length: MAX_PENDING * (MAX_PENDING + 1) }, full));
+  const n = mailbox(g);
+  n.nextSeq = 1;
+  for (let i = 0; i < MAX_PENDING; i++) await rejects(n.send(`m${i}`), (e) => assert.equal(e.code, "mailbox_full"));
+  assert.equal(n.pending.length, MAX_PENDING);
+  const before = g.requests.length;
+  await rejects(n.send("one too many"), (e) => assert.ok(e instanceof RangeError));
+  assert.equal(g.requests.length, before);
+  assert.equal(n.nextSeq, MAX_PENDING + 1);
+});
+
+test("send: an envelope refused for good (409 conflict, 413, 404) leaves the queue; pending is settable only with envelopes that carry their sequence, ascending", async () => {
+  const f = fakeFetch(answer(503, { code: "storage_unavailable" }), answer(409, { code: "conflict" }), answer(201));
+  const m = mailbox(f);
+  m.nextSeq = 5;
+  await rejects(m.send("x"), (e) => assert.equal(e.status, 503));
+  assert.equal(await m.send("y"), 6); // 5 is taken by other bytes: dropped, 6 stored
+  assert.deepEqual(m.pending, []);
+  // A refusal for good leaves nothing pending either: 413 and 404.
+  const g = fakeFetch(answer(413, { code: "too_large" }), answer(404, { code: "not_found" }));
+  const n = mailbox(g);
+  n.nextSeq = 1;
+  await rejects(n.send("big"), (e) => assert.equal(e.status, 413));
+  assert.deepEqual(n.pending, []);
+  await rejects(n.send("gone"), (e) => assert.equal(e.status, 404));
+  assert.deepEqual(n.pending, []);
+  assert.equal(g.requests.length, 2);
+  const e7 = await sealEnvelope(link.envelopeKey("p2c"), 7, "z");
+  const e8 = await sealEnvelope(link.envelopeKey("p2c"), 8, "z");
+  m.pending = [{ seq: 7, envelope: e7 }, { seq: 8, envelope: e8 }];
+  assert.deepEqual(m.pending.map((p) => p.seq), [7, 8]);
+  assert.throws(() => (m.pending = [{ seq: 8, envelope: e7 }]), TypeError);
+  assert.throws(() => (m.pending = [{ seq: 8, envelope: e8 }, { seq: 7, envelope: e7 }]), TypeError);
+  assert.throws(() => (m.pending = [{ seq: 7, envelope: e7, notify: "loud" }]), TypeError);
 });
 
 test("send: 409 conflict when numbered from HEAD says to persist nextSeq", async () => {
