@@ -2,6 +2,8 @@ package turn
 
 import (
 	"fmt"
+	"net"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,7 +20,7 @@ type metrics struct {
 	streamRefusals   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, relays *relayTable) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, relays *relayTable, listener *net.UDPConn) (*metrics, error) {
 	m := &metrics{
 		allocations: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgerelay_turn_allocations", Help: "Current TURN allocations.",
@@ -67,6 +69,20 @@ func newMetrics(reg prometheus.Registerer, relays *relayTable) (*metrics, error)
 		relayed("edgerelay_turn_relayed_bytes_total", "Payload bytes relayed, by direction.", "to_client",
 			func(_, _, _, dnB uint64) uint64 { return dnB }),
 	}
+	if socketDropsCounted {
+		// The kernel's own counters (SO_MEMINFO, the drops column of
+		// /proc/net/udp), read when scraped: nothing on the relay paths.
+		drops := func(socket string, count func() uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "edgerelay_turn_socket_drops_total",
+				Help:        "Datagrams the kernel dropped on the TURN server's UDP sockets (a full receive buffer: see RELAY_TURN_SOCKET_BUFFER), by socket: the listener, or the relay sockets of every allocation (closed ones included).",
+				ConstLabels: prometheus.Labels{"socket": socket},
+			}, func() float64 { return float64(count()) })
+		}
+		collectors = append(collectors,
+			drops("listener", lastDrops(listener)),
+			drops("relay", relays.drops))
+	}
 	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("turn: registering metrics: %w", err)
@@ -79,3 +95,15 @@ func (m *metrics) authFailed(reason string) { m.authFailures.WithLabelValues(rea
 func (m *metrics) refused(quota string)     { m.quotaRefusals.WithLabelValues(quota).Inc() }
 func (m *metrics) peerRefused()             { m.peerRefusals.Inc() }
 func (m *metrics) streamRefused()           { m.streamRefusals.Inc() }
+
+// lastDrops reads c's drop count, keeping the last one read once c is
+// closed (at shutdown), so the counter never goes back to 0.
+func lastDrops(c *net.UDPConn) func() uint64 {
+	var last atomic.Uint64
+	return func() uint64 {
+		if n, ok := socketDrops(c); ok {
+			last.Store(n)
+		}
+		return last.Load()
+	}
+}

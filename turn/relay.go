@@ -89,6 +89,10 @@ type relayConn struct {
 	// counts upPackets, this socket's reader downPackets), folded into the
 	// server's totals when the allocation closes.
 	upPackets, upBytes, downPackets, downBytes atomic.Uint64
+	// finalDrops is the kernel's drop count of the socket, read just
+	// before it closes (a closed socket's count cannot be read), for the
+	// totals.
+	finalDrops atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -102,6 +106,9 @@ type relayConn struct {
 // bytes over IPv4); ReadFrom returns only the socket's error, on which pion
 // ends the allocation.
 func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
+	if h := r.srv.holdRelayReads; h != nil {
+		<-h // tests only: once, before the first read, never per datagram
+	}
 	for {
 		buf, n, peer, err := r.reader.next()
 		if err != nil {
@@ -330,6 +337,9 @@ func (r *relayConn) unpermit(ip netip.Addr) {
 func (r *relayConn) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
+		if n, ok := socketDrops(r.UDPConn); ok {
+			r.finalDrops.Store(n)
+		}
 		err = r.UDPConn.Close()
 		r.srv.relays.remove(r)
 		r.srv.ports.release(r.port)
@@ -428,6 +438,10 @@ func (g relayAddressGenerator) AllocatePacketConn(_ string, requestedPort int) (
 		}
 		return nil, nil, err
 	}
+	// Relayed traffic arrives in bursts (a browser's SCTP sends a window
+	// at once); the kernel's default buffer drops them while the reader
+	// is descheduled, and every drop costs a retransmission.
+	growBuffers(c, s.cfg.SocketBuffer)
 	reader, err := newDatagramReader(c, s.relayBufs)
 	if err != nil {
 		_ = c.Close()
@@ -458,6 +472,8 @@ type relayTable struct {
 	byTuple  map[tuple]*relayConn
 	closedUp [2]uint64 // packets, bytes
 	closedDn [2]uint64
+	// closedDrops is the kernel's drop counts of closed relay sockets.
+	closedDrops uint64
 }
 
 func newRelayTable() *relayTable {
@@ -484,6 +500,7 @@ func (t *relayTable) remove(r *relayConn) {
 	t.closedUp[1] += r.upBytes.Load()
 	t.closedDn[0] += r.downPackets.Load()
 	t.closedDn[1] += r.downBytes.Load()
+	t.closedDrops += r.finalDrops.Load()
 }
 
 func (t *relayTable) byRelayAddr(a net.Addr) *relayConn {
@@ -527,4 +544,23 @@ func (t *relayTable) totals() (upP, upB, dnP, dnB uint64) {
 		dnB += r.downBytes.Load()
 	}
 	return
+}
+
+// drops sums the kernel's drop counts of every relay socket, open and
+// closed: one getsockopt per open socket, at scrape time. It holds the
+// read lock throughout, so a socket closing meanwhile is counted once,
+// either live or in closedDrops. A socket closed but not yet removed
+// gives its final count.
+func (t *relayTable) drops() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := t.closedDrops
+	for _, r := range t.byPort {
+		if d, ok := socketDrops(r.UDPConn); ok {
+			n += d
+		} else {
+			n += r.finalDrops.Load()
+		}
+	}
+	return n
 }

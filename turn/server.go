@@ -48,6 +48,12 @@ type Config struct {
 	// a negative value means no cap. Stream (TCP/TLS) connections are
 	// capped at twice the allocation caps, total and per IP.
 	MaxAllocations, MaxPerUser, MaxPerIP int
+	// SocketBuffer is the receive and send buffer size in bytes asked for
+	// on the UDP listener and on every allocation's relay socket; 0 takes
+	// DefaultSocketBuffer. Past net.core.rmem_max / wmem_max it is granted
+	// only to a process with CAP_NET_ADMIN (root); otherwise the kernel
+	// caps it at those limits.
+	SocketBuffer int
 	// Log receives the server's log lines; nil discards them.
 	Log *slog.Logger
 	// Metrics, when not nil, gets the server's Prometheus series. Register
@@ -80,6 +86,10 @@ type Server struct {
 	metrics *metrics
 	// relayBufs are the relay sockets' read buffers (see datagramReader).
 	relayBufs *sync.Pool
+	// holdRelayReads, set by tests only, is waited on by every relay
+	// socket's reader before its first read, so that the test can fill the
+	// socket's receive buffer.
+	holdRelayReads chan struct{}
 
 	draining  atomic.Bool
 	closing   chan struct{} // closed when Shutdown closes everything
@@ -107,6 +117,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.StreamIdleTimeout <= 0 {
 		cfg.StreamIdleTimeout = defaultStreamIdleTimeout
 	}
+	if cfg.SocketBuffer <= 0 {
+		cfg.SocketBuffer = DefaultSocketBuffer
+	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = defaultHandshakeTimeout
 	}
@@ -126,13 +139,18 @@ func Start(cfg Config) (*Server, error) {
 		relayBufs: newRelayBufPool(),
 	}
 	var err error
-	if s.metrics, err = newMetrics(cfg.Metrics, s.relays); err != nil {
-		return nil, err
-	}
 	if s.udp, s.tcp, err = listenPair(cfg.Listen); err != nil {
 		return nil, err
 	}
-	growBuffers(s.udp, listenerBuffer)
+	// Every client's datagrams queue in the listener socket: at the
+	// kernel's default (about 200 KiB, under a hundred full-size
+	// datagrams) a burst from a few busy clients while the reader is
+	// descheduled is dropped.
+	growBuffers(s.udp, cfg.SocketBuffer)
+	if s.metrics, err = newMetrics(cfg.Metrics, s.relays, s.udp); err != nil {
+		s.closeListeners()
+		return nil, err
+	}
 	listenIP := addrPort(s.udp.LocalAddr()).Addr()
 	s.relayIP = cfg.RelayIP
 	if !s.relayIP.IsValid() {

@@ -600,6 +600,7 @@ func (r *relay) startTURN(cfg config.Config, l config.Listener, reg prometheus.R
 	tc := turn.Config{
 		Listen: l.Addr, Secret: secret, Realm: cfg.TURN.Realm, RelayIP: cfg.TURN.RelayIP,
 		AllowPeers: cfg.TURN.AllowPeers, Log: r.log.With("service", "turn"), Metrics: reg,
+		SocketBuffer: cfg.TURN.SocketBuffer,
 	}
 	if l.ACME || l.TLS() {
 		if l.ACME {

@@ -139,6 +139,9 @@ type TURNConfig struct {
 	Realm      string         // RELAY_TURN_REALM
 	RelayIP    netip.Addr     // RELAY_TURN_RELAY_IP; invalid (zero) = unset
 	AllowPeers []netip.Prefix // RELAY_TURN_ALLOW_PEERS
+	// SocketBuffer is RELAY_TURN_SOCKET_BUFFER: bytes of receive and send
+	// buffer per UDP socket (listener and each relay socket).
+	SocketBuffer int
 }
 
 // APNsConfig holds the APNs provider credentials, shared by mailbox push and
@@ -236,6 +239,8 @@ func (v *Values) Config() (Config, error) {
 		TURN: TURNConfig{
 			Secret: Secret(v.String(EnvTURNSecret)),
 			Realm:  v.String(EnvTURNRealm),
+			// The default is turn.DefaultSocketBuffer (one megabyte).
+			SocketBuffer: v.Int(EnvTURNSocketBuffer),
 		},
 		APNs: APNsConfig{
 			KeyFile:     v.String(EnvAPNsKeyFile),

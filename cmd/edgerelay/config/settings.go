@@ -217,6 +217,8 @@ func table() []Setting {
 		"Public IP address TURN advertises for relayed addresses; set it when the listen address is not the address clients reach.")
 	add(GroupTURN, EnvTURNAllowPeers, KindCIDRs, "",
 		"Comma-separated CIDRs that relayed traffic may reach despite the default deny of every address that is not globally reachable, e.g. 10.1.0.0/16,192.168.5.7.")
+	add(GroupTURN, EnvTURNSocketBuffer, KindInt, "1048576",
+		"Receive and send buffer in bytes of the TURN UDP listener and of each allocation's relay socket (1 MiB): too small, bursts of relayed traffic are dropped (edgerelay_turn_socket_drops_total). Memory is taken only for queued datagrams; a relay socket whose reader falls behind may hold about four times this (receive and send, doubled by the kernel). Past net.core.rmem_max/wmem_max only when run as root (CAP_NET_ADMIN), else capped there.")
 
 	add(GroupMailbox, EnvApps, KindString, "",
 		`Mailbox apps separated by ";", each name or name:opt,opt with opts push=<APNs topic>, signal, ice; e.g. "notes;chat:push=com.example.chat,signal,ice" (spec/mailbox.md).`)
@@ -356,6 +358,7 @@ const (
 	EnvTURNRealm          = "RELAY_TURN_REALM"
 	EnvTURNRelayIP        = "RELAY_TURN_RELAY_IP"
 	EnvTURNAllowPeers     = "RELAY_TURN_ALLOW_PEERS"
+	EnvTURNSocketBuffer   = "RELAY_TURN_SOCKET_BUFFER"
 	EnvApps               = "RELAY_APPS"
 	EnvIdle               = "RELAY_IDLE"
 	EnvMaxEnvelope        = "RELAY_MAX_ENVELOPE"
