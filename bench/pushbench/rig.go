@@ -356,6 +356,8 @@ func (r *Rig) ended() (float64, error) {
 // Pushes are the relay's push outcomes so far, from its metrics: "sent"
 // (the provider said 200), and the skips ("queue_full", "rate_limited",
 // "foreground") and failures ("failed", "refused", "unopenable", …).
+// Outcomes that have not happened are left out (the relay exports every
+// outcome's series from the start, at zero).
 func (r *Rig) Pushes() (map[string]float64, error) {
 	families, err := r.reg.Gather()
 	if err != nil {
@@ -368,7 +370,7 @@ func (r *Rig) Pushes() (map[string]float64, error) {
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" {
+				if l.GetName() == "outcome" && m.GetCounter().GetValue() > 0 {
 					out[l.GetValue()] = m.GetCounter().GetValue()
 				}
 			}
