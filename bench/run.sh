@@ -12,7 +12,10 @@
 #     phone channels per relay (RSS per socket, each server a process of
 #     its own);
 #   - our TURN server against coturn's turnserver (install it with
-#     .ci/install-coturn.sh);
+#     .ci/install-coturn.sh): synthetic ChannelData load, and real WebRTC
+#     traffic (two headless Chromium pages over a relay-only data channel:
+#     server CPU per MB, MB/s, the kernel's drops; skipped, and said so,
+#     without /usr/bin/chromium);
 #   - with go test -bench: the token bucket against golang.org/x/time/rate,
 #     the channel codec against encoding/json, the SDK's seal and open
 #     against raw AES-256-GCM, the relays' exact allocations per frame,
@@ -24,7 +27,7 @@
 # and per figure: ours, baseline, ratio with its spread, goal). Load
 # comparisons alternate the two sides round by round (ABBA), drop the
 # first round and report medians with the lowest and highest round.
-# about 17 minutes on 2 cores; flags pass through
+# about 19 minutes on 2 cores; flags pass through
 # (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
 # smoke run (about 3 minutes, figures indicative only).
 set -euo pipefail

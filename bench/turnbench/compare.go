@@ -58,6 +58,9 @@ type Options struct {
 	// first payload with a CPU profile of that length, summarised in
 	// Report.Profile. Default 0 (none).
 	ProfileSeconds int
+	// SocketBuffer, when positive, is our server's socket buffer
+	// (turn.Config.SocketBuffer); 0 leaves its default.
+	SocketBuffer int
 	// Progress, when not nil, gets one line per run.
 	Progress io.Writer
 }
@@ -96,6 +99,9 @@ type Run struct {
 	Lost    uint64        // datagrams presumed lost and sent again
 	Elapsed time.Duration // counted wall time
 	CPU     time.Duration // the server process's CPU time over it
+	// Drops is the datagrams the kernel dropped on the server's UDP
+	// sockets over the counted window (ProcessUDPDrops).
+	Drops uint64
 	// Mallocs is ours only: heap allocations in the server process over
 	// the counted window, and ServerRelayed the packets it counted.
 	Mallocs, ServerRelayed uint64
@@ -124,6 +130,8 @@ type Side struct {
 	// AllocsPerPacket is ours only (else -1): server mallocs per packet
 	// the server relayed, over all runs.
 	AllocsPerPacket float64
+	// Drops is the kernel's drops on the server's sockets over all runs.
+	Drops uint64
 }
 
 // PayloadResult is both servers at one payload size.
@@ -194,7 +202,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 
 	const secret, realm = "turnbench-secret", "turnbench"
-	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU)
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer)
 	if err != nil {
 		return rep, err
 	}
@@ -217,9 +225,9 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 				if round == 0 {
 					note = " (warm-up)"
 				}
-				fmt.Fprintf(o.Progress, "%5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d%s\n",
+				fmt.Fprintf(o.Progress, "%5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d  drops %d%s\n",
 					payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
-					100*r.CPU.Seconds()/r.Elapsed.Seconds(), r.Lost, note)
+					100*r.CPU.Seconds()/r.Elapsed.Seconds(), r.Lost, r.Drops, note)
 			}
 			return r, nil
 		})
@@ -247,18 +255,23 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 // (and, for ours, its malloc and relayed counts) over the counted window.
 func measure(ctx context.Context, s *server, secret string, payload int, o Options) (Run, error) {
 	var (
-		r   Run
-		st0 Stats
+		r      Run
+		st0    Stats
+		drops0 UDPDrops
 	)
 	counting := func(start bool) error {
 		cpu, err := s.cpuTime()
 		if err != nil {
 			return err
 		}
+		drops, err := s.drops()
+		if err != nil {
+			return err
+		}
 		if start {
-			r.CPU = -cpu
+			r.CPU, drops0 = -cpu, drops
 		} else {
-			r.CPU += cpu
+			r.CPU, r.Drops = r.CPU+cpu, drops.DropsSince(drops0)
 		}
 		if s.debug == "" {
 			return nil
@@ -301,6 +314,7 @@ func summarize(name string, runs []Run, ours bool) Side {
 		lost += r.Lost
 		mallocs += r.Mallocs
 		serverRelayed += r.ServerRelayed
+		s.Drops += r.Drops
 	}
 	s.PerCoreSec = abtest.Median(perCore(runs))
 	s.PerSec = abtest.Median(perSec)

@@ -17,13 +17,13 @@ func (r Report) Markdown() string {
 		"%d rounds per payload in ABBA order, the first a warm-up, %v counted per run; medians. "+
 		"Packets are datagrams relayed in either direction; per core-second is per second of the server process's CPU time.\n\n",
 		r.Options.Allocations, r.Options.Window, r.Options.Rounds, r.Options.Duration)
-	fmt.Fprintf(&b, "| payload | ours pkt/core-s | coturn pkt/core-s | ratio | per-round ratio | ours pkt/s | coturn pkt/s | ours core use | coturn core use | ours allocs/pkt | loss ours / coturn |\n")
-	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| payload | ours pkt/core-s | coturn pkt/core-s | ratio | per-round ratio | ours pkt/s | coturn pkt/s | ours core use | coturn core use | ours allocs/pkt | loss ours / coturn | kernel drops ours / coturn |\n")
+	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Results {
-		fmt.Fprintf(&b, "| %d B | %.0f | %.0f | **%.2f×** | %.2f× | %.0f | %.0f | %.0f%% | %.0f%% | %.4f | %.4f%% / %.4f%% |\n",
+		fmt.Fprintf(&b, "| %d B | %.0f | %.0f | **%.2f×** | %.2f× | %.0f | %.0f | %.0f%% | %.0f%% | %.4f | %.4f%% / %.4f%% | %d / %d |\n",
 			p.Payload, p.Ours.PerCoreSec, p.Coturn.PerCoreSec, p.Ratio, p.RoundRatio,
 			p.Ours.PerSec, p.Coturn.PerSec, 100*p.Ours.CoreUse, 100*p.Coturn.CoreUse,
-			p.Ours.AllocsPerPacket, 100*p.Ours.LossRate, 100*p.Coturn.LossRate)
+			p.Ours.AllocsPerPacket, 100*p.Ours.LossRate, 100*p.Coturn.LossRate, p.Ours.Drops, p.Coturn.Drops)
 	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "\nWarning: %s\n", w)

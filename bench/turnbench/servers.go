@@ -39,8 +39,13 @@ func pinned(cpu int, argv ...string) []string {
 }
 
 // startOurs runs the turnserve binary and reads its start-up line.
-func startOurs(ctx context.Context, bin, secret, realm string, cpu int) (*server, error) {
-	argv := pinned(cpu, bin, "-listen", "127.0.0.1:0", "-secret", secret, "-realm", realm, "-allow-peers", "127.0.0.0/8")
+// socketBuffer, when positive, is its -socket-buffer (else its default).
+func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer int) (*server, error) {
+	args := []string{bin, "-listen", "127.0.0.1:0", "-secret", secret, "-realm", realm, "-allow-peers", "127.0.0.0/8"}
+	if socketBuffer > 0 {
+		args = append(args, "-socket-buffer", strconv.Itoa(socketBuffer))
+	}
+	argv := pinned(cpu, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -180,6 +185,9 @@ func (s *server) stop() error {
 	}
 	return nil
 }
+
+// drops is the kernel's drop count on the process's UDP sockets.
+func (s *server) drops() (UDPDrops, error) { return ProcessUDPDrops(s.cmd.Process.Pid) }
 
 // cpuTime is the process's user plus system CPU time so far, from
 // /proc/PID/stat (all its threads).

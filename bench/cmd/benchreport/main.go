@@ -17,7 +17,9 @@
 //     (bench/signalbench), pinned likewise;
 //   - agent routing, instance to client and client to instance, against
 //     the encoding/json baseline (bench/agentbench), pinned likewise;
-//   - our TURN server against coturn (bench/turnbench);
+//   - our TURN server against coturn (bench/turnbench): synthetic
+//     ChannelData load, and real WebRTC traffic from two headless Chromium
+//     pages over a relay-only data channel (skipped without chromium);
 //   - with `go test -bench`: the token bucket against
 //     golang.org/x/time/rate, the channel codec against encoding/json, the
 //     SDK's envelope seal and open against raw AES-256-GCM, the relays'
@@ -147,6 +149,12 @@ type settings struct {
 	turn       bool
 	turnRounds int
 	turnRound  time.Duration
+	// webrtc turns the real-traffic TURN comparison on (two headless
+	// Chromium pages); webrtcRounds and webrtcMB are its rounds (the first
+	// a warm-up) and MB moved per run.
+	webrtc       bool
+	webrtcRounds int
+	webrtcMB     int
 	// pushCount and pushBenchtime are -count and -benchtime of the push
 	// benchmarks.
 	pushCount     int
@@ -165,21 +173,23 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// and idle phones), mailbox 3.3 (pinned HEAD and GET, one at a time
 	// and pipelined, with their floors; PUTs in 2 s rounds beside raw
 	// Pebble and the PUT floor, settling between rounds; idle watch
-	// sockets), signal 0.9, agent 1, TURN 1.5, micro and push benchmarks 6,
+	// sockets), signal 0.9, agent 1, TURN 1.5, TURN WebRTC 1.5 (5 rounds of
+	// 100 MB per server at about 10-15 MB/s on this machine), micro and push benchmarks 6,
 	// the push gateway in cluster mode beside single node 0.6 (a 3-node
 	// cluster started once, 5 rounds of 4 cases of 0.7 s), the mailbox's
 	// cluster backend beside raw JetStream 0.5 (3 rounds of 6 cases of
 	// 0.4 s), the cluster routers beside raw NATS 2.4 (3 rounds of 20000
-	// frames a case, 3 packages, a cluster started per package) — about 17
+	// frames a case, 3 packages, a cluster started per package) — about 19
 	// minutes. The quick one, a smoke test of the whole pipeline, stays
 	// near 3 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
-		out: filepath.Join("bench", "results", "latest.md"), timeout: 20 * time.Minute, quick: quick,
+		out: filepath.Join("bench", "results", "latest.md"), timeout: 25 * time.Minute, quick: quick,
 		mailboxRound: time.Second, mailboxPutRound: 2 * time.Second, watchSockets: 10_000,
 		signalRound: time.Second, signalPairs: 32,
 		agentRounds: 7, agentFrames: 100_000, agentLatency: time.Second, agentLatencyRounds: 3,
 		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
+		webrtc: true, webrtcRounds: 5, webrtcMB: 100,
 		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms", mailboxClusterBenchtime: "400ms"}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
@@ -190,6 +200,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		s.signalRound = 250 * time.Millisecond
 		s.agentRounds, s.agentFrames, s.agentLatency, s.agentLatencyRounds = 3, 50_000, 200*time.Millisecond, 1
 		s.turnRounds, s.turnRound = 2, 300*time.Millisecond
+		s.webrtcRounds, s.webrtcMB = 2, 20
 		s.pushCount, s.pushBenchtime = 1, "500ms"
 		s.pushClusterBenchtime, s.mailboxClusterBenchtime = "100ms", "100ms"
 	}
@@ -215,6 +226,9 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.BoolVar(&s.turn, "turn", s.turn, "run the TURN comparison against coturn (needs turnserver and taskset)")
 	fs.IntVar(&s.turnRounds, "turn-rounds", s.turnRounds, "rounds per payload in the TURN comparison; the first is a warm-up")
 	fs.DurationVar(&s.turnRound, "turn-round", s.turnRound, "counted time of one TURN run")
+	fs.BoolVar(&s.webrtc, "webrtc", s.webrtc, "run the real-traffic TURN comparison: two headless Chromium pages through ours and coturn (skipped, and said so, without /usr/bin/chromium)")
+	fs.IntVar(&s.webrtcRounds, "webrtc-rounds", s.webrtcRounds, "rounds of the WebRTC comparison; the first is a warm-up")
+	fs.IntVar(&s.webrtcMB, "webrtc-mb", s.webrtcMB, "MB moved per WebRTC run")
 	fs.IntVar(&s.pushCount, "push-count", s.pushCount, "go test -count for the push benchmarks")
 	fs.StringVar(&s.pushBenchtime, "push-benchtime", s.pushBenchtime, "go test -benchtime for the push benchmarks")
 	fs.StringVar(&s.pushClusterBenchtime, "push-cluster-benchtime", s.pushClusterBenchtime, "go test -benchtime of each case and round of the push gateway in cluster mode vs single node")
@@ -342,6 +356,11 @@ func run(s settings) error {
 		tr = runTURN(ctx, s, bins, progress)
 		return turnInfo(s, tr)
 	})
+	var wr webrtcResults
+	timed("TURN WebRTC comparison", func() string {
+		wr = runWebRTC(ctx, s, bins, progress)
+		return webrtcInfo(s, wr)
+	})
 
 	// The micro and push benchmarks run after the comparisons, never
 	// beside them: on 2 cores they would measure each other.
@@ -368,6 +387,7 @@ func run(s settings) error {
 	rows = append(rows, agentRows(ag)...)
 	rows = append(rows, pushFanoutRows(bench)...)
 	rows = append(rows, turnRows(tr)...)
+	rows = append(rows, webrtcRows(wr)...)
 	rows = append(rows, pushgwRows(bench)...)
 	rows = append(rows, pushgwClusterRows(bench)...)
 	rows = append(rows, mailboxClusterRows(bench)...)
@@ -400,7 +420,7 @@ func run(s settings) error {
 			fmt.Println(line)
 		}
 	}
-	return errors.Join(compareErr, idleErr, mb.err(), sig.err, ag.err, tr.err, testErr)
+	return errors.Join(compareErr, idleErr, mb.err(), sig.err, ag.err, tr.err, wr.err, testErr)
 }
 
 // serverPackages are the server programs of the out-of-process

@@ -27,6 +27,7 @@ func main() {
 	flag.IntVar(&o.Window, "window", 16, "datagrams in flight per allocation")
 	flag.IntVar(&o.ServerCPU, "server-cpu", 0, "core for the servers")
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
+	flag.IntVar(&o.SocketBuffer, "socket-buffer", 0, "our server's socket buffer in bytes (0: its default)")
 	flag.IntVar(&o.ProfileSeconds, "profile", 5, "seconds of CPU profile of our server (0: none)")
 	flag.Parse()
 	for _, p := range strings.Split(*payloads, ",") {

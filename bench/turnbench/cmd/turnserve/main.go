@@ -46,6 +46,7 @@ func run() error {
 	allow := flag.String("allow-peers", "127.0.0.0/8", "comma-separated peer prefixes opened despite the default deny")
 	debug := flag.String("debug", "127.0.0.1:0", "address for /stats and /debug/pprof/")
 	maxAllocs := flag.Int("max-allocations", 0, "allocation cap (0: the package default)")
+	socketBuffer := flag.Int("socket-buffer", 0, "receive and send buffer of the listener and each relay socket, bytes (0: turn.DefaultSocketBuffer)")
 	flag.Parse()
 
 	var prefixes []netip.Prefix
@@ -66,6 +67,7 @@ func run() error {
 		Realm:          *realm,
 		AllowPeers:     prefixes,
 		MaxAllocations: *maxAllocs,
+		SocketBuffer:   *socketBuffer,
 		MaxPerUser:     -1,
 		MaxPerIP:       -1,
 		Log:            slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
