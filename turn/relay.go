@@ -106,7 +106,7 @@ type relayConn struct {
 // bytes over IPv4); ReadFrom returns only the socket's error, on which pion
 // ends the allocation.
 func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
-	if h := r.srv.holdRelayReads; h != nil {
+	if h := r.srv.cfg.holdRelayReads; h != nil {
 		<-h // tests only: once, before the first read, never per datagram
 	}
 	for {

@@ -66,6 +66,11 @@ type Config struct {
 	// trickled in byte by byte does not extend it); 0 takes 60 s, as
 	// coturn. HandshakeTimeout bounds a turns: TLS handshake; 0 takes 10 s.
 	StreamIdleTimeout, HandshakeTimeout time.Duration
+
+	// holdRelayReads, set by tests only, is waited on by every relay
+	// socket's reader before its first read, so that the test can fill the
+	// socket's receive buffer.
+	holdRelayReads chan struct{}
 }
 
 // Server is a running STUN/TURN server.
@@ -86,10 +91,6 @@ type Server struct {
 	metrics *metrics
 	// relayBufs are the relay sockets' read buffers (see datagramReader).
 	relayBufs *sync.Pool
-	// holdRelayReads, set by tests only, is waited on by every relay
-	// socket's reader before its first read, so that the test can fill the
-	// socket's receive buffer.
-	holdRelayReads chan struct{}
 
 	draining  atomic.Bool
 	closing   chan struct{} // closed when Shutdown closes everything

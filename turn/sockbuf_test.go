@@ -132,8 +132,7 @@ func scrapeDrops(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // closes. The series exist at 0 before anything is dropped.
 func TestSocketDrops(t *testing.T) {
 	hold := make(chan struct{})
-	s, reg := testServer(t, func(c *Config) { c.SocketBuffer = 32 << 10 })
-	s.holdRelayReads = hold
+	s, reg := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads = 32<<10, hold })
 	if got := scrapeDrops(t, reg); len(got) != 2 || got["listener"] != 0 || got["relay"] != 0 {
 		t.Fatalf("drops at start: %v, want listener 0 and relay 0", got)
 	}
