@@ -41,8 +41,14 @@ export async function run() {
     const refused = await call(P, "request", ["relay.nope"]);
     eq(refused, { error: { name: "AgentError", code: "unsupported_type", type: "relay.error" } }, "an unknown relay. request");
 
+    // close() ends the socket; the state turns "closed" on its close event.
     await call(P, "close");
-    eq((await call(P, "states")).at(-1), "closed", "client's last state");
+    let states = await call(P, "states");
+    for (const deadline = Date.now() + 10_000; states.at(-1) !== "closed" && Date.now() < deadline; ) {
+      await new Promise((r) => setTimeout(r, 50));
+      states = await call(P, "states");
+    }
+    eq(states.at(-1), "closed", "client's last state");
     log(`agent: attached to ${instance} through ${agent}, 3 echoes`);
   } finally {
     await b.close();
