@@ -89,36 +89,15 @@ type relayConn struct {
 	// counts upPackets, this socket's reader downPackets), folded into the
 	// server's totals when the allocation closes.
 	upPackets, upBytes, downPackets, downBytes atomic.Uint64
+	// downRuns is the GSO sends that carried some of those datagrams
+	// (Linux); tests read it to see which batched path ran.
+	downRuns atomic.Uint64
 	// finalDrops is the kernel's drop count of the socket, read just
 	// before it closes (a closed socket's count cannot be read), for the
 	// totals.
 	finalDrops atomic.Uint64
 
 	closeOnce sync.Once
-}
-
-// ReadFrom implements net.PacketConn for pion's relay loop, which is only
-// kept for its exit: every datagram is relayed here, as ChannelData to a
-// channel-bound peer's client or as a Data indication to one with only a
-// permission, and dropped for a peer with neither. pion's loop reads into
-// a 1,600-byte buffer of its own (rtpMTU) and drops anything bigger, so
-// its Data indications cannot carry what a peer may send (up to 65,507
-// bytes over IPv4); ReadFrom returns only the socket's error, on which pion
-// ends the allocation.
-func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
-	if h := r.srv.cfg.holdRelayReads; h != nil {
-		<-h // tests only: once, before the first read, never per datagram
-	}
-	for {
-		buf, n, peer, err := r.reader.next()
-		if err != nil {
-			return 0, nil, err
-		}
-		if n < maxDatagram+1 { // a full buffer may have been truncated
-			r.deliver(*buf, n, peer)
-		}
-		r.reader.release(buf)
-	}
 }
 
 // Relay buffers: room for the biggest datagram, a header in front (a Data
@@ -133,20 +112,13 @@ const (
 	relayBufSize  = relayHeadroom + maxDatagram + 1 + 3
 )
 
-// newRelayBufPool makes the relay sockets' shared buffer pool.
-func newRelayBufPool() *sync.Pool {
-	return &sync.Pool{New: func() any {
-		b := make([]byte, relayBufSize)
-		return &b
-	}}
-}
-
 // datagramRoom is the part of a relay buffer a datagram is read into: one
 // byte past the biggest, so a full read means one that was too big.
 func datagramRoom(buf []byte) []byte { return buf[relayHeadroom : relayHeadroom+maxDatagram+1] }
 
 // deliver relays the datagram in b[relayHeadroom:relayHeadroom+n] from peer
-// to the client, writing its header in front of it in b.
+// to the client, writing its header in front of it in b: the one-by-one
+// path of systems other than Linux (which relays batches: deliverBatch).
 func (r *relayConn) deliver(b []byte, n int, peer netip.AddrPort) {
 	peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
 	rt := r.routes.Load()
@@ -167,8 +139,7 @@ func (r *relayConn) deliver(b []byte, n int, peer netip.AddrPort) {
 // to the client. A failed write drops the datagram, as a full socket
 // buffer would; for a stream, the connection's reader will see the error.
 func (r *relayConn) sendDown(d *downstream, p []byte, number uint16, n int) {
-	binary.BigEndian.PutUint16(p[0:2], number)
-	binary.BigEndian.PutUint16(p[2:4], uint16(n))
+	putChannelHeader(p, number, n)
 	end := 4 + n
 	if d.stream != nil {
 		// Over a stream ChannelData is padded to a multiple of 4 bytes
@@ -181,6 +152,13 @@ func (r *relayConn) sendDown(d *downstream, p []byte, number uint16, n int) {
 	}
 	r.downPackets.Add(1)
 	r.downBytes.Add(uint64(n))
+}
+
+// putChannelHeader writes a ChannelData header for channel number and an
+// n-byte payload into p[0:4].
+func putChannelHeader(p []byte, number uint16, n int) {
+	binary.BigEndian.PutUint16(p[0:2], number)
+	binary.BigEndian.PutUint16(p[2:4], uint16(n))
 }
 
 // sendIndication sends the datagram in b[relayHeadroom:relayHeadroom+n] to

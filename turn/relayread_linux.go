@@ -9,14 +9,133 @@ import (
 	"unsafe"
 )
 
-// datagramReader reads a relay socket's datagrams into buffers borrowed
-// from a pool shared by every relay, only for the length of the recvfrom
-// call: a datagram may be up to 64 KiB, and one such buffer held by every
-// parked reader (one per allocation) would cost 640 MiB at 10,000
-// allocations. Go's net package reads only into a buffer handed to it
-// before it parks, so the receive goes through the socket's RawConn: the
-// callback takes a buffer when the socket is readable and gives it back at
-// EAGAIN, before the goroutine parks.
+// A relay socket's reader drains what the kernel has queued, up to
+// maxBatch datagrams, into one arena, frames each in place and sends the
+// ChannelData frames for a UDP client as GSO runs (gso_linux.go): one
+// sendmsg for up to 64 datagrams, where the kernel's send path, most of a
+// relay's CPU, runs once per run instead of once per datagram (issue 17).
+const (
+	// maxBatch is the datagrams read per batch; also UDP_MAX_SEGMENTS, the
+	// kernel's cap on segments per GSO send.
+	maxBatch = 64
+	// batchArenaSize holds a full batch of datagrams of typical WebRTC
+	// size (1,300 bytes with their headroom) behind which a datagram of
+	// the biggest size still fits: a read is only made into room for the
+	// biggest, so nothing is ever truncated for want of room; big
+	// datagrams just make smaller batches.
+	batchArenaSize = maxBatch*(relayHeadroom+1300) + relayBufSize
+)
+
+// relayBatch is one batch of datagrams read from a relay socket, each in
+// its slot of arena: relayHeadroom bytes for a header, the datagram, 3
+// bytes of room for a stream's padding. Batches come from a pool shared by
+// every relay socket and are held only while being read and relayed: a
+// parked reader (one per allocation) holds none.
+type relayBatch struct {
+	arena []byte
+	count int
+	off   [maxBatch]int32 // slot start in arena
+	n     [maxBatch]int32 // datagram length; maxDatagram+1: too big, dropped
+	from  [maxBatch]netip.AddrPort
+	q     sendQueue // the frames of this batch to a UDP client
+}
+
+// slot is datagram i's slot: its headroom, the datagram, the padding room.
+func (b *relayBatch) slot(i int) []byte {
+	off := int(b.off[i])
+	return b.arena[off : off+relayHeadroom+int(b.n[i])+3]
+}
+
+// newRelayBufPool makes the relay sockets' shared pool of batches.
+func newRelayBufPool() *sync.Pool {
+	return &sync.Pool{New: func() any {
+		b := &relayBatch{arena: make([]byte, batchArenaSize)}
+		b.q.init()
+		return b
+	}}
+}
+
+// ReadFrom implements net.PacketConn for pion's relay loop, which is only
+// kept for its exit: every datagram is relayed here, as ChannelData to a
+// channel-bound peer's client or as a Data indication to one with only a
+// permission, and dropped for a peer with neither. pion's loop reads into
+// a 1,600-byte buffer of its own (rtpMTU) and drops anything bigger, so
+// its Data indications cannot carry what a peer may send (up to 65,507
+// bytes over IPv4); ReadFrom returns only the socket's error, on which pion
+// ends the allocation.
+func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
+	if h := r.srv.cfg.holdRelayReads; h != nil {
+		<-h // tests only: once, before the first read, never per datagram
+	}
+	for {
+		b, err := r.reader.next()
+		if b != nil {
+			r.deliverBatch(b)
+			r.reader.pool.Put(b)
+		}
+		if err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// deliverBatch relays a batch in the order read. ChannelData for a UDP
+// client is queued and sent batched; a Data indication first flushes the
+// queue, so the client gets every datagram in the order the socket read
+// them. Stream clients get each frame as it is framed.
+func (r *relayConn) deliverBatch(b *relayBatch) {
+	rt, d := r.routes.Load(), r.down.Load()
+	if rt == nil || d == nil {
+		return
+	}
+	q := &b.q
+	batched := d.udp != nil && q.start(r.srv.out, d.client)
+	for i := range b.count {
+		n := int(b.n[i])
+		if n > maxDatagram {
+			continue // a full room: possibly truncated
+		}
+		slot, peer := b.slot(i), b.from[i]
+		if number, ok := rt.byPeer[peer]; ok {
+			if !batched {
+				r.sendDown(d, slot[relayHeadroom-4:], number, n)
+				continue
+			}
+			frame := slot[relayHeadroom-4 : relayHeadroom+n]
+			putChannelHeader(frame, number, n)
+			q.add(frame)
+			continue
+		}
+		if rt.perms[peer.Addr()] {
+			if batched {
+				r.countDown(q.flush())
+			}
+			r.sendIndication(d, slot, n, peer)
+		}
+	}
+	if batched {
+		r.countDown(q.flush())
+	}
+}
+
+// countDown adds what a flush sent to the allocation's counters.
+func (r *relayConn) countDown(s sent) {
+	if s.packets == 0 {
+		return
+	}
+	r.downPackets.Add(s.packets)
+	r.downBytes.Add(s.bytes)
+	if s.runs != 0 {
+		r.downRuns.Add(s.runs)
+	}
+}
+
+// datagramReader reads a relay socket's datagrams in batches into arenas
+// borrowed from a pool shared by every relay. Go's net package reads only
+// into a buffer handed to it before it parks, so the receive goes through
+// the socket's RawConn: the callback takes a batch when the socket is
+// readable and gives it back at EAGAIN if it read nothing, before the
+// goroutine parks.
 type datagramReader struct {
 	rc   syscall.RawConn
 	pool *sync.Pool
@@ -24,8 +143,7 @@ type datagramReader struct {
 
 	// The callback's results; one goroutine (pion's, for this allocation)
 	// reads.
-	buf   *[]byte
-	n     int
+	b     *relayBatch
 	errno syscall.Errno
 	rsa   syscall.RawSockaddrAny
 }
@@ -36,54 +154,74 @@ func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error)
 		return nil, fmt.Errorf("turn: relay socket: %w", err)
 	}
 	d := &datagramReader{rc: rc, pool: pool}
-	d.recv = d.recvfrom
+	d.recv = d.recvBatch
 	return d, nil
 }
 
-func (d *datagramReader) recvfrom(fd uintptr) bool {
-	buf := d.pool.Get().(*[]byte)
-	b := datagramRoom(*buf)
-	for {
+// recvBatch reads until EAGAIN, a full batch, or an arena with no room
+// left for the biggest datagram. It reports false (park) only when it read
+// nothing.
+func (d *datagramReader) recvBatch(fd uintptr) bool {
+	b := d.pool.Get().(*relayBatch)
+	b.count = 0
+	off := 0
+read:
+	for b.count < maxBatch && off+relayBufSize <= len(b.arena) {
+		room := b.arena[off+relayHeadroom : off+relayHeadroom+maxDatagram+1]
 		rsaLen := uint32(syscall.SizeofSockaddrAny)
-		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0,
+		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&room[0])), uintptr(len(room)), 0,
 			uintptr(unsafe.Pointer(&d.rsa)), uintptr(unsafe.Pointer(&rsaLen)))
 		switch e {
 		case 0:
-			d.buf, d.n = buf, int(n)
-			return true
+			b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), sockaddrAddrPort(&d.rsa)
+			b.count++
+			off += relayHeadroom + int(n) + 3
+			continue
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			d.pool.Put(buf)
-			return false // park until readable
+			if b.count == 0 {
+				d.pool.Put(b)
+				return false // park until readable
+			}
+		default:
+			d.errno = e
 		}
-		d.pool.Put(buf)
-		d.errno = e
-		return true
+		break read
 	}
+	if b.count == 0 {
+		d.pool.Put(b)
+		b = nil
+	}
+	d.b = b
+	return true
 }
 
-// next returns the next datagram, in datagramRoom(*buf)[:n], and its
-// sender; release gives the buffer back.
-func (d *datagramReader) next() (buf *[]byte, n int, from netip.AddrPort, err error) {
-	d.buf, d.errno = nil, 0
+// sockaddrAddrPort decodes a sender's address, IPv4-mapped ones unmapped.
+func sockaddrAddrPort(rsa *syscall.RawSockaddrAny) netip.AddrPort {
+	switch rsa.Addr.Family {
+	case syscall.AF_INET:
+		sa := (*syscall.RawSockaddrInet4)(unsafe.Pointer(rsa))
+		port := (*[2]byte)(unsafe.Pointer(&sa.Port)) // network byte order
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(port[0])<<8|uint16(port[1]))
+	case syscall.AF_INET6:
+		sa := (*syscall.RawSockaddrInet6)(unsafe.Pointer(rsa))
+		port := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(port[0])<<8|uint16(port[1]))
+	}
+	return netip.AddrPort{}
+}
+
+// next returns the next batch (nil with an error when nothing was read
+// before it; a batch and an error when the error ended a batch); the
+// caller puts the batch back in the pool.
+func (d *datagramReader) next() (*relayBatch, error) {
+	d.b, d.errno = nil, 0
 	if err := d.rc.Read(d.recv); err != nil {
-		return nil, 0, netip.AddrPort{}, err
+		return nil, err
 	}
 	if d.errno != 0 {
-		return nil, 0, netip.AddrPort{}, fmt.Errorf("turn: relay socket recvfrom: %w", d.errno)
+		return d.b, fmt.Errorf("turn: relay socket recvfrom: %w", d.errno)
 	}
-	switch d.rsa.Addr.Family {
-	case syscall.AF_INET:
-		sa := (*syscall.RawSockaddrInet4)(unsafe.Pointer(&d.rsa))
-		port := (*[2]byte)(unsafe.Pointer(&sa.Port)) // network byte order
-		from = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(port[0])<<8|uint16(port[1]))
-	case syscall.AF_INET6:
-		sa := (*syscall.RawSockaddrInet6)(unsafe.Pointer(&d.rsa))
-		port := (*[2]byte)(unsafe.Pointer(&sa.Port))
-		from = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(port[0])<<8|uint16(port[1]))
-	}
-	return d.buf, d.n, from, nil
+	return d.b, nil
 }
-
-func (d *datagramReader) release(buf *[]byte) { d.pool.Put(buf) }

@@ -71,6 +71,9 @@ type Config struct {
 	// socket's reader before its first read, so that the test can fill the
 	// socket's receive buffer.
 	holdRelayReads chan struct{}
+	// noGSO, set by tests only, relays as if the kernel refused UDP GSO
+	// (sendmmsg), so that both of the batched sender's paths are tested.
+	noGSO bool
 }
 
 // Server is a running STUN/TURN server.
@@ -91,6 +94,9 @@ type Server struct {
 	metrics *metrics
 	// relayBufs are the relay sockets' read buffers (see datagramReader).
 	relayBufs *sync.Pool
+	// out sends relayed frames to UDP clients in batches (Linux; see
+	// gso_linux.go).
+	out *udpOut
 
 	draining  atomic.Bool
 	closing   chan struct{} // closed when Shutdown closes everything
@@ -148,6 +154,10 @@ func Start(cfg Config) (*Server, error) {
 	// datagrams) a burst from a few busy clients while the reader is
 	// descheduled is dropped.
 	growBuffers(s.udp, cfg.SocketBuffer)
+	if s.out, err = newUDPOut(s.udp, cfg); err != nil {
+		s.closeListeners()
+		return nil, err
+	}
 	if s.metrics, err = newMetrics(cfg.Metrics, s.relays, s.udp); err != nil {
 		s.closeListeners()
 		return nil, err

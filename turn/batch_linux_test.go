@@ -1,0 +1,324 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v3"
+
+	"edgerelay/turn/turntest"
+)
+
+// batchModes are the batched sender's two paths: GSO runs, and sendmmsg
+// (as where the kernel refuses UDP_SEGMENT), forced by Config.noGSO.
+var batchModes = []struct {
+	name  string
+	noGSO bool
+}{{"gso", false}, {"sendmmsg", true}}
+
+// burstItem is one datagram of a burst: which peer sends it and its size.
+type burstItem struct {
+	peer int // 0, 1: channel-bound peers (0x4000, 0x4001); 2: permission only
+	size int
+}
+
+// burst is the schedule TestRelayBatched sends while the relay socket's
+// reader is held, so that the reader finds it all queued and relays it
+// in full batches: every size from 1 to 300; equal-size runs longer than
+// a GSO send may carry (64), interleaving the two channels; runs ended by
+// a shorter frame; frames at the biggest GSO segment and one past it;
+// Data indications in the middle of runs; the biggest ChannelData a UDP
+// client can get (65,503 bytes) and one past it, which is dropped.
+func burst() (items []burstItem, tooBig int) {
+	for n := 1; n <= 300; n++ {
+		items = append(items, burstItem{n % 2, n})
+	}
+	for i := range 150 {
+		p := i % 2
+		if i%37 == 36 {
+			p = 2
+		}
+		items = append(items, burstItem{p, 1200})
+	}
+	for range 70 {
+		items = append(items, burstItem{0, 1200})
+	}
+	items = append(items, burstItem{0, 500}, burstItem{1, 500}, burstItem{1, 499})
+	for range 3 {
+		items = append(items, burstItem{0, gsoMaxSegment4 - 4}) // frames of the biggest segment
+	}
+	for range 3 {
+		items = append(items, burstItem{1, gsoMaxSegment4 - 3}) // one past: one by one
+	}
+	tooBig = maxIPv4Datagram - 4 + 1
+	items = append(items, burstItem{0, 9000}, burstItem{2, 9000}, burstItem{1, maxIPv4Datagram - 4},
+		burstItem{0, tooBig}, burstItem{1, 7})
+	for i := range 40 {
+		items = append(items, burstItem{i % 3, 100 + i%2})
+	}
+	return items, tooBig
+}
+
+// TestRelayBatched relays a burst from three peers to a UDP client through
+// a relay socket whose reader was held, on both batched paths: every
+// datagram arrives whole, in order per peer (as ChannelData on its
+// channel, or as a Data indication), the one too big for a UDP client is
+// dropped, and the allocation's counters count exactly what was relayed.
+// On the GSO path some frames went out as GSO runs; on the other, none.
+func TestRelayBatched(t *testing.T) {
+	for _, mode := range batchModes {
+		t.Run(mode.name, func(t *testing.T) {
+			hold := make(chan struct{})
+			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads, c.noGSO = 4<<20, hold, mode.noGSO })
+			c := rawClient(t, s, "udp", "batched")
+			if err := c.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
+				t.Fatal(err)
+			}
+			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer0, peer2 := turntest.MustBindPeers(t, c, 0x4000)
+			peer1 := turntest.LoopbackPeer(t)
+			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
+				turntest.PeerAddress(peer1.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
+				t.Fatalf("ChannelBind: %d", code)
+			}
+			peers := []*net.UDPConn{peer0, peer1, peer2}
+			items, tooBig := burst()
+			want := make([][]int, 3) // per peer: the sizes expected, in order
+			var wantPackets, wantBytes uint64
+			for _, it := range items {
+				if _, err := peers[it.peer].WriteToUDPAddrPort(payload(it.size, byte(it.size)), relay); err != nil {
+					t.Fatal(err)
+				}
+				if it.size == tooBig {
+					continue
+				}
+				want[it.peer] = append(want[it.peer], it.size)
+				wantPackets++
+				wantBytes += uint64(it.size)
+			}
+			close(hold)
+
+			got := make([][]int, 3)
+			channelOf := map[uint16]int{0x4000: 0, 0x4001: 1}
+			peer2Addr := peer2.LocalAddr().(*net.UDPAddr).AddrPort()
+			for range wantPackets {
+				frame, err := c.ReadFrame(time.Now().Add(3 * time.Second))
+				if err != nil {
+					t.Fatalf("after %v of %d datagrams: %v", lens(got), wantPackets, err)
+				}
+				from, data := -1, []byte(nil)
+				if frame[0]&0xC0 == 0x40 {
+					n := int(frame[2])<<8 | int(frame[3])
+					if len(frame) != 4+n {
+						t.Fatalf("ChannelData of %d bytes in a datagram of %d: segments merged or split", n, len(frame))
+					}
+					p, ok := channelOf[uint16(frame[0])<<8|uint16(frame[1])]
+					if !ok {
+						t.Fatalf("ChannelData on channel %x", frame[:2])
+					}
+					from, data = p, frame[4:]
+				} else if addr, d, err := turntest.DataIndicationOf(frame); err == nil && addr == peer2Addr {
+					from, data = 2, d
+				} else {
+					t.Fatalf("unexpected frame %x (%v)", frame[:min(len(frame), 24)], err)
+				}
+				if !bytes.Equal(data, payload(len(data), byte(len(data)))) {
+					t.Fatalf("peer %d: a datagram of %d bytes came changed", from, len(data))
+				}
+				got[from] = append(got[from], len(data))
+			}
+			for p := range want {
+				if fmt.Sprint(got[p]) != fmt.Sprint(want[p]) {
+					t.Errorf("peer %d: got sizes\n%v\nwant\n%v", p, got[p], want[p])
+				}
+			}
+			if extra, err := c.ReadFrame(time.Now().Add(100 * time.Millisecond)); err == nil {
+				t.Errorf("a datagram more than sent: %d bytes", len(extra))
+			}
+			r := relayOf(t, s, relay.Port())
+			if p, b := r.downPackets.Load(), r.downBytes.Load(); p != wantPackets || b != wantBytes {
+				t.Errorf("counted %d datagrams, %d bytes to the client; want %d, %d", p, b, wantPackets, wantBytes)
+			}
+			runs := r.downRuns.Load()
+			if mode.noGSO != (runs == 0) {
+				t.Errorf("%d GSO sends on the %s path", runs, mode.name)
+			}
+			if s.out.gso.Load() == mode.noGSO {
+				t.Errorf("GSO on: %v, on the %s path", s.out.gso.Load(), mode.name)
+			}
+		})
+	}
+}
+
+func lens(got [][]int) []int { return []int{len(got[0]), len(got[1]), len(got[2])} }
+
+// TestRelayBatchedStream: a stream client's frames keep the stream path
+// (padded ChannelData, written as framed) when the reader relays a whole
+// batch at once.
+func TestRelayBatchedStream(t *testing.T) {
+	hold := make(chan struct{})
+	s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads = 4<<20, hold })
+	c := rawClient(t, s, "tcp", "batched-stream")
+	relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chPeer, indPeer := turntest.MustBindPeers(t, c, 0x4000)
+	var sizes []int
+	for i := range 200 {
+		sizes = append(sizes, 1+i*7%1500)
+	}
+	for i, n := range sizes {
+		p := chPeer
+		if i%5 == 4 {
+			p = indPeer
+		}
+		if _, err := p.WriteToUDPAddrPort(payload(n, byte(n)), relay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(hold)
+	for i, n := range sizes {
+		if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, payload(n, byte(n))) {
+			t.Fatalf("datagram %d: %d bytes, want %d", i, len(got), n)
+		}
+	}
+	r := relayOf(t, s, relay.Port())
+	if got := r.downPackets.Load(); got != uint64(len(sizes)) || r.downRuns.Load() != 0 {
+		t.Errorf("counted %d datagrams (%d GSO sends) to a stream client, want %d (0)", got, r.downRuns.Load(), len(sizes))
+	}
+}
+
+// TestRelayBatchAllocs: a burst of ChannelData both ways, read and sent in
+// batches (GSO runs, or sendmmsg), allocates nothing per datagram.
+func TestRelayBatchAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own; make test runs this without it")
+	}
+	for _, mode := range batchModes {
+		t.Run(mode.name, func(t *testing.T) {
+			s, _ := testServer(t, func(c *Config) { c.noGSO = mode.noGSO })
+			peer := echoPeer(t)
+			u, p := creds("batch-allocs")
+			a, err := turntest.Allocate(serverAddr(s), u, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, err := a.BindChannel(ctx, peer.Addr()); err != nil {
+				t.Fatal(err)
+			}
+			const burst = 32
+			back := make(chan struct{}, burst)
+			a.Conn.OnData(func([]byte) { back <- struct{}{} })
+			frame := make([]byte, 4+1200)
+			timeout := time.NewTimer(time.Hour)
+			roundTrip := func() {
+				for range burst {
+					if err := a.Conn.Send(frame); err != nil {
+						t.Fatal(err)
+					}
+				}
+				timeout.Reset(time.Second)
+				for range burst {
+					select {
+					case <-back:
+					case <-timeout.C:
+						t.Fatal("a datagram was lost on loopback")
+					}
+				}
+			}
+			for range 50 {
+				roundTrip()
+			}
+			if allocs := testing.AllocsPerRun(200, roundTrip); allocs != 0 {
+				t.Errorf("%v allocations per burst of %d round trips, want 0", allocs, burst)
+			}
+		})
+	}
+}
+
+// TestGSORefused: each way the kernel may refuse UDP_SEGMENT turns GSO off
+// for the server (the run is sent again by sendmmsg, so nothing is lost);
+// EINVAL for a segment bigger than every path carries only stops GSO for
+// that size and up.
+func TestGSORefused(t *testing.T) {
+	for _, e := range []syscall.Errno{syscall.EINVAL, syscall.EIO, syscall.ENOPROTOOPT, syscall.EOPNOTSUPP} {
+		o := &udpOut{log: discardLog()}
+		o.gso.Store(true)
+		o.segCap.Store(gsoMaxSegment4)
+		if !gsoRefusal(e) {
+			t.Fatalf("%v is not taken for a refusal", e)
+		}
+		o.refused(e, gsoSafeSegment)
+		if o.gso.Load() {
+			t.Errorf("%v at a %d-byte segment: GSO still on", e, gsoSafeSegment)
+		}
+	}
+	o := &udpOut{log: discardLog()}
+	o.gso.Store(true)
+	o.segCap.Store(gsoMaxSegment4)
+	o.refused(syscall.EINVAL, gsoSafeSegment+1)
+	if !o.gso.Load() || o.segCap.Load() != gsoSafeSegment {
+		t.Errorf("EINVAL at %d bytes: GSO %v, segment cap %d; want on, %d", gsoSafeSegment+1, o.gso.Load(), o.segCap.Load(), gsoSafeSegment)
+	}
+	o.refused(syscall.EINVAL, 1400) // bigger than the cap already: no change
+	if o.segCap.Load() != gsoSafeSegment {
+		t.Errorf("segment cap raised to %d", o.segCap.Load())
+	}
+	for _, e := range []syscall.Errno{syscall.EMSGSIZE, syscall.EPERM, syscall.ENETUNREACH} {
+		if gsoRefusal(e) {
+			t.Errorf("%v taken for GSO refused; it refuses the datagrams", e)
+		}
+	}
+}
+
+// TestGSOFallbackLive has the kernel refuse a live GSO send on the
+// listener socket (a run of 260 bytes in 1-byte segments is more than the
+// 64 segments a send may carry: EINVAL): the run arrives anyway, sent
+// again by sendmmsg, and GSO is off for good.
+func TestGSOFallbackLive(t *testing.T) {
+	s, _ := testServer(t, nil)
+	if !s.out.gso.Load() {
+		t.Skip("no UDP GSO in this kernel")
+	}
+	client := turntest.LoopbackPeer(t)
+	b := s.relayBufs.Get().(*relayBatch)
+	defer s.relayBufs.Put(b)
+	q := &b.q
+	if !q.start(s.out, client.LocalAddr().(*net.UDPAddr).AddrPort()) {
+		t.Fatal("a loopback IPv4 client is not batched")
+	}
+	frames := [][]byte{payload(100, 1), payload(100, 2), payload(60, 3)}
+	for _, f := range frames {
+		q.add(f)
+	}
+	got := q.sendRun(0, 3, 1, 260)
+	if got.packets != 3 || got.bytes != 260-12 || got.runs != 0 {
+		t.Errorf("sent %+v; want 3 datagrams, %d bytes, no GSO sends", got, 260-12)
+	}
+	if s.out.gso.Load() {
+		t.Error("GSO still on after the kernel refused it")
+	}
+	buf := make([]byte, 2048)
+	for i, f := range frames {
+		_ = client.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, err := client.Read(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], f) {
+			t.Fatalf("datagram %d: %d bytes, want %d", i, n, len(f))
+		}
+	}
+}
