@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -151,8 +153,8 @@ func TestRelayBatched(t *testing.T) {
 			if mode.noGSO != (runs == 0) {
 				t.Errorf("%d GSO sends on the %s path", runs, mode.name)
 			}
-			if s.out.gso.Load() == mode.noGSO {
-				t.Errorf("GSO on: %v, on the %s path", s.out.gso.Load(), mode.name)
+			if s.out.gso.on.Load() == mode.noGSO {
+				t.Errorf("GSO on: %v, on the %s path", s.out.gso.on.Load(), mode.name)
 			}
 		})
 	}
@@ -254,23 +256,23 @@ func TestRelayBatchAllocs(t *testing.T) {
 // that size and up.
 func TestGSORefused(t *testing.T) {
 	for _, e := range []syscall.Errno{syscall.EINVAL, syscall.EIO, syscall.ENOPROTOOPT, syscall.EOPNOTSUPP} {
-		o := &udpOut{log: discardLog()}
-		o.gso.Store(true)
+		o := &gsoState{log: discardLog()}
+		o.on.Store(true)
 		o.segCap.Store(gsoMaxSegment4)
 		if !gsoRefusal(e) {
 			t.Fatalf("%v is not taken for a refusal", e)
 		}
 		o.refused(e, gsoSafeSegment)
-		if o.gso.Load() {
+		if o.on.Load() {
 			t.Errorf("%v at a %d-byte segment: GSO still on", e, gsoSafeSegment)
 		}
 	}
-	o := &udpOut{log: discardLog()}
-	o.gso.Store(true)
+	o := &gsoState{log: discardLog()}
+	o.on.Store(true)
 	o.segCap.Store(gsoMaxSegment4)
 	o.refused(syscall.EINVAL, gsoSafeSegment+1)
-	if !o.gso.Load() || o.segCap.Load() != gsoSafeSegment {
-		t.Errorf("EINVAL at %d bytes: GSO %v, segment cap %d; want on, %d", gsoSafeSegment+1, o.gso.Load(), o.segCap.Load(), gsoSafeSegment)
+	if !o.on.Load() || o.segCap.Load() != gsoSafeSegment {
+		t.Errorf("EINVAL at %d bytes: GSO %v, segment cap %d; want on, %d", gsoSafeSegment+1, o.on.Load(), o.segCap.Load(), gsoSafeSegment)
 	}
 	o.refused(syscall.EINVAL, 1400) // bigger than the cap already: no change
 	if o.segCap.Load() != gsoSafeSegment {
@@ -289,25 +291,25 @@ func TestGSORefused(t *testing.T) {
 // again by sendmmsg, and GSO is off for good.
 func TestGSOFallbackLive(t *testing.T) {
 	s, _ := testServer(t, nil)
-	if !s.out.gso.Load() {
+	if !s.out.gso.on.Load() {
 		t.Skip("no UDP GSO in this kernel")
 	}
 	client := turntest.LoopbackPeer(t)
 	b := s.relayBufs.Get().(*relayBatch)
 	defer s.relayBufs.Put(b)
 	q := &b.q
-	if !q.start(s.out, client.LocalAddr().(*net.UDPAddr).AddrPort()) {
-		t.Fatal("a loopback IPv4 client is not batched")
-	}
+	q.start(s.out.rc, s.out.v6, s.out.gso, 4)
 	frames := [][]byte{payload(100, 1), payload(100, 2), payload(60, 3)}
 	for _, f := range frames {
-		q.add(f)
+		if !q.add(f, client.LocalAddr().(*net.UDPAddr).AddrPort()) {
+			t.Fatal("a loopback IPv4 client is not batched")
+		}
 	}
 	got := q.sendRun(0, 3, 1, 260)
 	if got.packets != 3 || got.bytes != 260-12 || got.runs != 0 {
 		t.Errorf("sent %+v; want 3 datagrams, %d bytes, no GSO sends", got, 260-12)
 	}
-	if s.out.gso.Load() {
+	if s.out.gso.on.Load() {
 		t.Error("GSO still on after the kernel refused it")
 	}
 	buf := make([]byte, 2048)
@@ -320,5 +322,125 @@ func TestGSOFallbackLive(t *testing.T) {
 		if !bytes.Equal(buf[:n], f) {
 			t.Fatalf("datagram %d: %d bytes, want %d", i, n, len(f))
 		}
+	}
+}
+
+// upHold holds the UDP listener's reader between batches (through
+// Config.beforeUpRead) so that a test can queue a burst for it.
+type upHold struct {
+	mu      sync.Mutex
+	waiting atomic.Int64
+}
+
+func (h *upHold) before() {
+	h.waiting.Add(1)
+	h.mu.Lock()
+	h.mu.Unlock() // only a gate: the test opens it
+}
+
+// TestRelayBatchedUp relays a burst from a UDP client, queued while the
+// listener's reader was held, on both batched paths: ChannelData on two
+// channels (empty to the biggest a client's IPv4 datagram carries, runs
+// past 64, interleaved) and Send indications between them reach their
+// peers whole and in order, frames for an unbound channel are dropped, and
+// the counters count exactly what was relayed.
+func TestRelayBatchedUp(t *testing.T) {
+	for _, mode := range batchModes {
+		t.Run(mode.name, func(t *testing.T) {
+			hold := &upHold{}
+			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.noGSO, c.beforeUpRead = 4<<20, mode.noGSO, hold.before })
+			c := rawClient(t, s, "udp", "batched-up")
+			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer0, peer2 := turntest.MustBindPeers(t, c, 0x4000)
+			peer1 := turntest.LoopbackPeer(t)
+			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
+				turntest.PeerAddress(peer1.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
+				t.Fatalf("ChannelBind: %d", code)
+			}
+			peers := []*net.UDPConn{peer0, peer1, peer2}
+			for _, p := range peers {
+				if err := p.SetReadBuffer(4 << 20); err != nil {
+					t.Fatal(err)
+				}
+			}
+			peer2Addr := peer2.LocalAddr().(*net.UDPAddr).AddrPort()
+
+			var items []burstItem
+			for n := 0; n <= 300; n++ {
+				items = append(items, burstItem{n % 2, n})
+			}
+			for i := range 150 {
+				p := i % 2
+				if i%37 == 36 {
+					p = 2
+				}
+				items = append(items, burstItem{p, 1200})
+			}
+			for range 70 {
+				items = append(items, burstItem{1, 1200})
+			}
+			items = append(items, burstItem{1, 600}, burstItem{0, 9000}, burstItem{1, maxIPv4Datagram - 4},
+				burstItem{0, gsoMaxSegment4}, burstItem{0, gsoMaxSegment4}, burstItem{0, gsoMaxSegment4 + 1}, burstItem{1, 3})
+
+			// Hold the reader: it reads a first datagram (dropped: an
+			// unbound channel), handles it and waits at the gate.
+			hold.mu.Lock()
+			before := hold.waiting.Load()
+			if err := c.Send(c.ChannelData(0x4FFF, payload(10, 1))); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(3 * time.Second); hold.waiting.Load() == before; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the listener's reader never came back to the gate")
+				}
+			}
+			want := make([][]int, 3)
+			var wantPackets, wantBytes uint64
+			for i, it := range items {
+				data := payload(it.size, byte(it.size))
+				frame := c.ChannelData(0x4000+uint16(it.peer), data)
+				if it.peer == 2 {
+					frame = turntest.SendIndication(peer2Addr, data)
+				}
+				if err := c.Send(frame); err != nil {
+					t.Fatal(err)
+				}
+				if i%50 == 0 {
+					_ = c.Send(c.ChannelData(0x4FFF, data)) // unbound: dropped
+				}
+				want[it.peer] = append(want[it.peer], it.size)
+				wantPackets++
+				wantBytes += uint64(it.size)
+			}
+			hold.mu.Unlock()
+
+			buf := make([]byte, 64<<10)
+			for p, conn := range peers {
+				for k, size := range want[p] {
+					_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+					n, _, err := conn.ReadFromUDPAddrPort(buf)
+					if err != nil {
+						t.Fatalf("peer %d, datagram %d of %d: %v", p, k, len(want[p]), err)
+					}
+					if !bytes.Equal(buf[:n], payload(size, byte(size))) {
+						t.Fatalf("peer %d, datagram %d: %d bytes, want %d", p, k, n, size)
+					}
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				if n, _, err := conn.ReadFromUDPAddrPort(buf); err == nil {
+					t.Errorf("peer %d: a datagram more than sent: %d bytes", p, n)
+				}
+			}
+			r := relayOf(t, s, relay.Port())
+			if p, b := r.upPackets.Load(), r.upBytes.Load(); p != wantPackets || b != wantBytes {
+				t.Errorf("counted %d datagrams, %d bytes to peers; want %d, %d", p, b, wantPackets, wantBytes)
+			}
+			if runs := r.upRuns.Load(); mode.noGSO != (runs == 0) {
+				t.Errorf("%d GSO sends to peers on the %s path", runs, mode.name)
+			}
+		})
 	}
 }

@@ -33,17 +33,12 @@ const (
 	gsoSafeSegment = 1280 - 40 - 8
 )
 
-// udpOut sends relayed frames to UDP clients on the listener socket (the
-// client's five-tuple) in batches: runs of equal-size frames as one
-// sendmsg with a UDP_SEGMENT control message (the last of a run may be
-// shorter, as the kernel allows), or, where the kernel refuses GSO, the
-// batch as one sendmmsg. Shared by every relay socket's reader; the
-// per-batch state is each batch's sendQueue.
-type udpOut struct {
-	rc syscall.RawConn
-	v6 bool // an AF_INET6 socket (IPv6, or dual stack: IPv4 clients are mapped)
-	// gso is cleared for good when the kernel refuses UDP_SEGMENT.
-	gso atomic.Bool
+// gsoState is whether the kernel takes UDP_SEGMENT, shared by every
+// socket the server sends from (the listener, the relay sockets): the
+// kernel and the devices are the same for all.
+type gsoState struct {
+	// on is cleared for good when the kernel refuses UDP_SEGMENT.
+	on atomic.Bool
 	// segCap is the biggest segment size still sent as GSO; lowered past
 	// a size refused as bigger than the path's MTU.
 	segCap  atomic.Int32
@@ -51,51 +46,19 @@ type udpOut struct {
 	offOnce sync.Once
 }
 
-// newUDPOut probes the listener socket for UDP_SEGMENT (Linux 4.18):
-// where getsockopt does not know it, GSO is off from the start, as it is
-// with Config.noGSO.
-func newUDPOut(c *net.UDPConn, cfg Config) (*udpOut, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("turn: UDP listener: %w", err)
-	}
-	o := &udpOut{rc: rc, log: cfg.Log}
-	var domain int
-	var derr, gerr error
-	if err := rc.Control(func(fd uintptr) {
-		domain, derr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
-		_, gerr = unix.GetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT)
-	}); err != nil {
-		return nil, fmt.Errorf("turn: UDP listener: %w", err)
-	}
-	if derr != nil {
-		return nil, fmt.Errorf("turn: UDP listener's address family: %w", derr)
-	}
-	o.v6 = domain == unix.AF_INET6
-	o.segCap.Store(gsoMaxSegment4)
-	switch {
-	case cfg.noGSO:
-	case gerr != nil:
-		o.log.Info("turn: no UDP GSO in this kernel; relaying to UDP clients with sendmmsg", "err", gerr)
-	default:
-		o.gso.Store(true)
-	}
-	return o, nil
-}
-
 // refused handles the kernel refusing a GSO run of segment size seg with e.
-func (o *udpOut) refused(e syscall.Errno, seg int) {
+func (g *gsoState) refused(e syscall.Errno, seg int) {
 	if e == syscall.EINVAL && seg > gsoSafeSegment {
 		for {
-			c := o.segCap.Load()
-			if int(c) < seg || o.segCap.CompareAndSwap(c, int32(seg-1)) {
+			c := g.segCap.Load()
+			if int(c) < seg || g.segCap.CompareAndSwap(c, int32(seg-1)) {
 				return
 			}
 		}
 	}
-	o.gso.Store(false)
-	o.offOnce.Do(func() {
-		o.log.Warn("turn: the kernel refused UDP GSO; relaying to UDP clients with sendmmsg from now on", "err", e)
+	g.on.Store(false)
+	g.offOnce.Do(func() {
+		g.log.Warn("turn: the kernel refused UDP GSO; relaying with sendmmsg from now on", "err", e)
 	})
 }
 
@@ -106,6 +69,59 @@ func gsoRefusal(e syscall.Errno) bool {
 	return e == syscall.EINVAL || e == syscall.EIO || e == syscall.ENOPROTOOPT || e == syscall.EOPNOTSUPP
 }
 
+// udpOut is the UDP listener socket as the relay sockets' readers send
+// from it (to the clients' five-tuples), batched: runs of equal-size
+// frames as one sendmsg with a UDP_SEGMENT control message (the last of a
+// run may be shorter, as the kernel allows), or, where the kernel refuses
+// GSO, a batch as one sendmmsg. The per-batch state is each batch's
+// sendQueue.
+type udpOut struct {
+	rc  syscall.RawConn
+	v6  bool // an AF_INET6 socket (IPv6, or dual stack: IPv4 peers are mapped)
+	gso *gsoState
+}
+
+// newUDPOut probes the listener socket for UDP_SEGMENT (Linux 4.18):
+// where getsockopt does not know it, GSO is off from the start, as it is
+// with Config.noGSO.
+func newUDPOut(c *net.UDPConn, cfg Config) (*udpOut, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("turn: UDP listener: %w", err)
+	}
+	v6, err := socketIsV6(rc)
+	if err != nil {
+		return nil, fmt.Errorf("turn: UDP listener: %w", err)
+	}
+	o := &udpOut{rc: rc, v6: v6, gso: &gsoState{log: cfg.Log}}
+	o.gso.segCap.Store(gsoMaxSegment4)
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { _, gerr = unix.GetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT) }); err != nil {
+		return nil, fmt.Errorf("turn: UDP listener: %w", err)
+	}
+	switch {
+	case cfg.noGSO:
+	case gerr != nil:
+		o.gso.log.Info("turn: no UDP GSO in this kernel; relaying with sendmmsg", "err", gerr)
+	default:
+		o.gso.on.Store(true)
+	}
+	return o, nil
+}
+
+// socketIsV6 reports whether the socket is AF_INET6 (SO_DOMAIN).
+func socketIsV6(rc syscall.RawConn) (bool, error) {
+	var domain int
+	var derr error
+	if err := rc.Control(func(fd uintptr) { domain, derr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN) }); err != nil {
+		return false, err
+	}
+	if derr != nil {
+		return false, fmt.Errorf("address family: %w", derr)
+	}
+	return domain == unix.AF_INET6, nil
+}
+
 // sent is what a flush sent: datagrams, their payload bytes (without the
 // ChannelData headers) and the GSO sends among the calls.
 type sent struct{ packets, bytes, runs uint64 }
@@ -114,17 +130,24 @@ func (s *sent) add(o sent) {
 	s.packets, s.bytes, s.runs = s.packets+o.packets, s.bytes+o.bytes, s.runs+o.runs
 }
 
-// sendQueue is one batch's ChannelData frames for one UDP client, in
-// order, and the syscall arguments to send them. It lives in a pooled
-// relayBatch; one goroutine uses it at a time, and nothing in it is
-// allocated per batch.
+// sendQueue is one batch's datagrams from one socket, in order, and the
+// syscall arguments to send them. It lives in a batch owned by one
+// goroutine at a time; nothing in it is allocated per batch.
 type sendQueue struct {
-	out    *udpOut
-	iov    [maxBatch]unix.Iovec
-	count  int
-	sa     unix.RawSockaddrInet6 // or a RawSockaddrInet4 in its first bytes
-	saLen  uint32
-	segMax int // the client's family's gsoMaxSegment
+	rc     syscall.RawConn
+	v6     bool
+	gso    *gsoState
+	header int // bytes of each datagram not counted as payload (a ChannelData header)
+
+	iov   [maxBatch]unix.Iovec
+	dst   [maxBatch]uint8 // index in names
+	count int
+	// names are the destinations, one per change of destination.
+	names   [maxBatch]unix.RawSockaddrInet6 // or RawSockaddrInet4s in their first bytes
+	nameLen [maxBatch]uint32
+	segMax  [maxBatch]int32 // the destination's family's gsoMaxSegment
+	last    netip.AddrPort  // names[nnames-1]
+	nnames  int
 
 	hdr  unix.Msghdr
 	cmsg [4]uint64 // a UDP_SEGMENT control message (uint64s: aligned for its header)
@@ -147,35 +170,47 @@ func (q *sendQueue) init() {
 	h.SetLen(unix.CmsgLen(2))
 }
 
-// start empties the queue for frames to client; false when they cannot be
-// batched (no batched sender, a scoped address), and go one by one.
-func (q *sendQueue) start(out *udpOut, client netip.AddrPort) bool {
-	a := client.Addr()
-	if out == nil || a.Zone() != "" || (!out.v6 && !a.Is4()) {
-		return false
-	}
-	q.out, q.count = out, 0
-	q.segMax = gsoMaxSegment6
-	if a.Is4() {
-		q.segMax = gsoMaxSegment4
-	}
-	if out.v6 {
-		q.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()} // IPv4 as ::ffff:a.b.c.d
-		q.saLen = unix.SizeofSockaddrInet6
-	} else {
-		*(*unix.RawSockaddrInet4)(unsafe.Pointer(&q.sa)) = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.As4()}
-		q.saLen = unix.SizeofSockaddrInet4
-	}
-	port := (*[2]byte)(unsafe.Pointer(&q.sa.Port)) // the same offset in both; network byte order
-	port[0], port[1] = byte(client.Port()>>8), byte(client.Port())
-	return true
+// start empties the queue for datagrams sent from the socket rc (AF_INET6
+// if v6); header is the bytes of each not counted as payload.
+func (q *sendQueue) start(rc syscall.RawConn, v6 bool, gso *gsoState, header int) {
+	q.rc, q.v6, q.gso, q.header = rc, v6, gso, header
+	q.count, q.nnames = 0, 0
 }
 
-// add queues a frame (in its batch's arena) after the others.
-func (q *sendQueue) add(frame []byte) {
-	q.iov[q.count].Base = &frame[0]
-	q.iov[q.count].SetLen(len(frame))
+// add queues a datagram (in its batch's arena) to dst after the others.
+// It reports false, queueing nothing, for a destination the socket cannot
+// send to (another family) or one with a zone, left to the caller.
+func (q *sendQueue) add(datagram []byte, dst netip.AddrPort) bool {
+	if q.nnames == 0 || dst != q.last {
+		a := dst.Addr()
+		if a.Zone() != "" || (!q.v6 && !a.Is4()) {
+			return false
+		}
+		k := q.nnames
+		q.segMax[k] = gsoMaxSegment6
+		if a.Is4() {
+			q.segMax[k] = gsoMaxSegment4
+		}
+		if q.v6 {
+			q.names[k] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()} // IPv4 as ::ffff:a.b.c.d
+			q.nameLen[k] = unix.SizeofSockaddrInet6
+		} else {
+			*(*unix.RawSockaddrInet4)(unsafe.Pointer(&q.names[k])) = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.As4()}
+			q.nameLen[k] = unix.SizeofSockaddrInet4
+		}
+		port := (*[2]byte)(unsafe.Pointer(&q.names[k].Port)) // the same offset in both; network byte order
+		port[0], port[1] = byte(dst.Port()>>8), byte(dst.Port())
+		q.last = dst
+		q.nnames++
+	}
+	q.iov[q.count].Base = nil // an empty datagram is one too
+	if len(datagram) > 0 {
+		q.iov[q.count].Base = &datagram[0]
+	}
+	q.iov[q.count].SetLen(len(datagram))
+	q.dst[q.count] = uint8(q.nnames - 1)
 	q.count++
+	return true
 }
 
 // flush sends the queued frames, in order, and empties the queue. A frame
@@ -185,7 +220,7 @@ func (q *sendQueue) flush() (s sent) {
 	if q.count == 0 {
 		return s
 	}
-	if q.out.gso.Load() {
+	if q.gso.on.Load() {
 		s = q.sendRuns()
 	} else {
 		s = q.sendEach(0, q.count)
@@ -194,18 +229,19 @@ func (q *sendQueue) flush() (s sent) {
 	return s
 }
 
-// sendRuns sends each run of equal-size frames (the last may be shorter)
-// as one GSO send, a frame alone with the others by sendmmsg.
+// sendRuns sends each run of equal-size datagrams to one destination
+// (the last may be shorter) as one GSO send, a datagram alone with the
+// others by sendmmsg.
 func (q *sendQueue) sendRuns() (s sent) {
-	segCap := min(q.segMax, int(q.out.segCap.Load()))
-	single := -1 // the start of frames to go by sendmmsg, gathered
+	segCap := int(q.gso.segCap.Load())
+	single := -1 // the start of datagrams to go by sendmmsg, gathered
 	for i := 0; i < q.count; {
-		size := int(q.iov[i].Len)
+		size, dst := int(q.iov[i].Len), q.dst[i]
 		j, total := i+1, size
-		if size <= segCap {
+		if size > 0 && size <= min(segCap, int(q.segMax[dst])) { // a segment size of 0 would send the run as one datagram
 			for j < q.count {
 				l := int(q.iov[j].Len)
-				if l > size || total+l > gsoMaxBytes {
+				if l > size || q.dst[j] != dst || total+l > gsoMaxBytes {
 					break
 				}
 				total += l
@@ -235,23 +271,24 @@ func (q *sendQueue) sendRuns() (s sent) {
 	return s
 }
 
-// sendRun sends frames [i, j) as one GSO send of segment size seg and
-// total payload bytes.
+// sendRun sends datagrams [i, j) (one destination) as one GSO send of
+// segment size seg and total bytes.
 func (q *sendQueue) sendRun(i, j, seg, total int) sent {
-	q.hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&q.sa)), Namelen: q.saLen, Iov: &q.iov[i]}
+	dst := q.dst[i]
+	q.hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&q.names[dst])), Namelen: q.nameLen[dst], Iov: &q.iov[i]}
 	q.hdr.SetIovlen(j - i)
 	q.hdr.Control = (*byte)(unsafe.Pointer(&q.cmsg[0]))
 	q.hdr.SetControllen(unix.CmsgSpace(2))
 	*(*uint16)(unsafe.Pointer(uintptr(unsafe.Pointer(&q.cmsg[0])) + uintptr(unix.CmsgLen(0)))) = uint16(seg)
 	q.errno = 0
-	if err := q.out.rc.Write(q.writeGSO); err != nil {
-		return sent{} // the listener is closed: shutting down
+	if err := q.rc.Write(q.writeGSO); err != nil {
+		return sent{} // the socket is closed
 	}
 	switch {
 	case q.errno == 0:
-		return sent{packets: uint64(j - i), bytes: uint64(total - 4*(j-i)), runs: 1}
+		return sent{packets: uint64(j - i), bytes: uint64(total - q.header*(j-i)), runs: 1}
 	case gsoRefusal(q.errno):
-		q.out.refused(q.errno, seg)
+		q.gso.refused(q.errno, seg)
 		return q.sendEach(i, j)
 	}
 	return sent{}
@@ -271,15 +308,15 @@ func (q *sendQueue) sendmsg(fd uintptr) bool {
 	}
 }
 
-// sendEach sends frames [i, j) as datagrams of their own, by sendmmsg.
+// sendEach sends datagrams [i, j), each on its own, by sendmmsg.
 func (q *sendQueue) sendEach(i, j int) sent {
 	for k := i; k < j; k++ {
-		m := &q.mm[k].Hdr
-		m.Name, m.Namelen, m.Iov = (*byte)(unsafe.Pointer(&q.sa)), q.saLen, &q.iov[k]
+		m, dst := &q.mm[k].Hdr, q.dst[k]
+		m.Name, m.Namelen, m.Iov = (*byte)(unsafe.Pointer(&q.names[dst])), q.nameLen[dst], &q.iov[k]
 		m.SetIovlen(1)
 	}
 	q.pos, q.end, q.done = i, j, sent{}
-	if err := q.out.rc.Write(q.writeMM); err != nil {
+	if err := q.rc.Write(q.writeMM); err != nil {
 		return sent{}
 	}
 	return q.done
@@ -295,7 +332,7 @@ func (q *sendQueue) sendmmsg(fd uintptr) bool {
 				continue
 			}
 			for k := q.pos; k < q.pos+int(n); k++ {
-				q.done.bytes += q.iov[k].Len - 4
+				q.done.bytes += q.iov[k].Len - uint64(q.header)
 			}
 			q.done.packets += uint64(n)
 			q.pos += int(n)

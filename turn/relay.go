@@ -89,9 +89,9 @@ type relayConn struct {
 	// counts upPackets, this socket's reader downPackets), folded into the
 	// server's totals when the allocation closes.
 	upPackets, upBytes, downPackets, downBytes atomic.Uint64
-	// downRuns is the GSO sends that carried some of those datagrams
-	// (Linux); tests read it to see which batched path ran.
-	downRuns atomic.Uint64
+	// downRuns and upRuns are the GSO sends that carried some of those
+	// datagrams (Linux); tests read them to see which batched path ran.
+	downRuns, upRuns atomic.Uint64
 	// finalDrops is the kernel's drop count of the socket, read just
 	// before it closes (a closed socket's count cannot be read), for the
 	// totals.

@@ -88,8 +88,11 @@ func (r *relayConn) deliverBatch(b *relayBatch) {
 	if rt == nil || d == nil {
 		return
 	}
-	q := &b.q
-	batched := d.udp != nil && q.start(r.srv.out, d.client)
+	q, out := &b.q, r.srv.out
+	batched := d.udp != nil && out != nil
+	if batched {
+		q.start(out.rc, out.v6, out.gso, 4)
+	}
 	for i := range b.count {
 		n := int(b.n[i])
 		if n > maxDatagram {
@@ -97,13 +100,14 @@ func (r *relayConn) deliverBatch(b *relayBatch) {
 		}
 		slot, peer := b.slot(i), b.from[i]
 		if number, ok := rt.byPeer[peer]; ok {
-			if !batched {
-				r.sendDown(d, slot[relayHeadroom-4:], number, n)
-				continue
-			}
 			frame := slot[relayHeadroom-4 : relayHeadroom+n]
-			putChannelHeader(frame, number, n)
-			q.add(frame)
+			if batched {
+				putChannelHeader(frame, number, n)
+				if q.add(frame, d.client) {
+					continue
+				}
+			}
+			r.sendDown(d, slot[relayHeadroom-4:], number, n)
 			continue
 		}
 		if rt.perms[peer.Addr()] {
@@ -138,6 +142,7 @@ func (r *relayConn) countDown(s sent) {
 // goroutine parks.
 type datagramReader struct {
 	rc   syscall.RawConn
+	v6   bool // an AF_INET6 socket, for the batched sends to peers (udpread_linux.go)
 	pool *sync.Pool
 	recv func(fd uintptr) bool // made once: a closure per read would allocate
 
@@ -153,7 +158,11 @@ func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error)
 	if err != nil {
 		return nil, fmt.Errorf("turn: relay socket: %w", err)
 	}
-	d := &datagramReader{rc: rc, pool: pool}
+	v6, err := socketIsV6(rc)
+	if err != nil {
+		return nil, fmt.Errorf("turn: relay socket: %w", err)
+	}
+	d := &datagramReader{rc: rc, v6: v6, pool: pool}
 	d.recv = d.recvBatch
 	return d, nil
 }

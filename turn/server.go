@@ -74,6 +74,10 @@ type Config struct {
 	// noGSO, set by tests only, relays as if the kernel refused UDP GSO
 	// (sendmmsg), so that both of the batched sender's paths are tested.
 	noGSO bool
+	// beforeUpRead, set by tests only, is called by the UDP listener's
+	// reader before each batch it reads (Linux), so that a test can hold
+	// it while the socket fills.
+	beforeUpRead func()
 }
 
 // Server is a running STUN/TURN server.

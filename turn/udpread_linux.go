@@ -1,0 +1,208 @@
+package turn
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+)
+
+// udpConn is the UDP listener socket as pion sees it. Its ReadFrom reads
+// what the kernel has queued in batches, relays ChannelData and Send
+// indications itself and screens requests (see Server.screen); only the
+// rest of the control traffic reaches pion's read loop, one message at a
+// time and in order. A batch's ChannelData payloads are sent on per
+// allocation, each relay socket's as GSO runs to its peers (or one
+// sendmmsg), before anything else of the batch is handled: a control
+// message (a ChannelBind, a Refresh ending the allocation) comes after the
+// data that came before it.
+type udpConn struct {
+	*net.UDPConn
+	srv   *Server
+	local netip.AddrPort
+	// b is the batch being handled. One reader: pion's read loop for this
+	// socket.
+	b    *upBatch
+	recv func(fd uintptr) bool // made once: a closure per read would allocate
+	rsa  syscall.RawSockaddrAny
+}
+
+// upArenaSize holds a full batch of datagrams of typical WebRTC size
+// behind which the biggest datagram still fits (see batchArenaSize).
+const upArenaSize = maxBatch*1300 + maxDatagram + 1
+
+// upBatch is one batch of datagrams read from the listener, and its
+// ChannelData payloads queued by allocation.
+type upBatch struct {
+	arena       []byte
+	count, next int // datagrams read; the next to handle
+	off, n      [maxBatch]int32
+	from        [maxBatch]netip.AddrPort
+	errno       syscall.Errno // what ended the read, reported once the batch is handled
+
+	ups  [maxBatch]upEntry
+	nups int
+	q    sendQueue
+}
+
+// upEntry is a ChannelData payload for a relay socket's peer.
+type upEntry struct {
+	r       *relayConn
+	peer    netip.AddrPort
+	payload []byte
+}
+
+func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
+	u := &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), b: &upBatch{arena: make([]byte, upArenaSize)}}
+	u.b.q.init()
+	u.recv = u.recvBatch
+	return u
+}
+
+// ReadFrom implements net.PacketConn for pion's read loop. Relayed bytes
+// are sent on from the batch's arena without a copy; the control messages
+// left for pion are copied into p.
+func (c *udpConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	b := c.b
+	for {
+		if b.next == b.count {
+			c.flushUp()
+			if b.errno != 0 {
+				e := b.errno
+				b.errno = 0
+				return 0, nil, fmt.Errorf("turn: UDP listener recvfrom: %w", e)
+			}
+			b.count, b.next = 0, 0
+			if h := c.srv.cfg.beforeUpRead; h != nil {
+				h() // tests only
+			}
+			if err := c.srv.out.rc.Read(c.recv); err != nil {
+				return 0, nil, err
+			}
+			continue
+		}
+		i := b.next
+		b.next++
+		n := int(b.n[i])
+		if n > maxDatagram {
+			continue // possibly truncated: not a datagram any client sends us
+		}
+		off := int(b.off[i])
+		pkt, src := b.arena[off:off+n:off+n], b.from[i]
+		t := tuple{client: src, server: c.local}
+		if isChannelData(pkt) {
+			c.queueUp(t, pkt)
+			continue
+		}
+		c.flushUp() // what came before is relayed before what pion does next
+		if c.srv.relaySend(t, pkt) {
+			continue
+		}
+		if c.srv.screen(t, pkt, func(m []byte) { _, _ = c.UDPConn.WriteToUDPAddrPort(m, src) }) {
+			continue
+		}
+		if n >= len(p) {
+			continue // pion would take it for truncated; no request is this big
+		}
+		return copy(p, pkt), net.UDPAddrFromAddrPort(src), nil
+	}
+}
+
+// recvBatch reads until EAGAIN, a full batch, or an arena with no room
+// left for the biggest datagram; false (park) when it read nothing.
+func (c *udpConn) recvBatch(fd uintptr) bool {
+	b := c.b
+	off := 0
+	for b.count < maxBatch && off+maxDatagram+1 <= len(b.arena) {
+		room := b.arena[off : off+maxDatagram+1]
+		rsaLen := uint32(syscall.SizeofSockaddrAny)
+		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&room[0])), uintptr(len(room)), 0,
+			uintptr(unsafe.Pointer(&c.rsa)), uintptr(unsafe.Pointer(&rsaLen)))
+		switch e {
+		case 0:
+			b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), sockaddrAddrPort(&c.rsa)
+			b.count++
+			off += int(n)
+			continue
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return b.count > 0
+		}
+		b.errno = e
+		return true
+	}
+	return true
+}
+
+// queueUp queues a ChannelData frame's payload for the peer bound to its
+// channel; frames for no allocation or an unbound channel are dropped, as
+// RFC 8656 §12.6 says (see relayUp).
+func (c *udpConn) queueUp(t tuple, frame []byte) {
+	if len(frame) < 4 {
+		return
+	}
+	length := int(binary.BigEndian.Uint16(frame[2:4]))
+	if 4+length > len(frame) {
+		return
+	}
+	r := c.srv.relays.lookup(t)
+	if r == nil {
+		return
+	}
+	rt := r.routes.Load()
+	if rt == nil {
+		return
+	}
+	peer, ok := rt.byNumber[binary.BigEndian.Uint16(frame[0:2])]
+	if !ok {
+		return
+	}
+	b := c.b
+	b.ups[b.nups] = upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
+	b.nups++
+}
+
+// flushUp sends the queued payloads, each relay socket's in one go, in
+// the order they came (relay sockets in the order of their first).
+func (c *udpConn) flushUp() {
+	b := c.b
+	for k := range b.nups {
+		r := b.ups[k].r
+		if r == nil {
+			continue // sent with an earlier one of its relay
+		}
+		q := &b.q
+		q.start(r.reader.rc, r.reader.v6, c.srv.out.gso, 0)
+		for m := k; m < b.nups; m++ {
+			e := &b.ups[m]
+			if e.r != r {
+				continue
+			}
+			if !q.add(e.payload, e.peer) {
+				// Not batched (a zoned peer): on its own, after what is queued.
+				r.countUp(q.flush())
+				if _, err := r.UDPConn.WriteToUDPAddrPort(e.payload, e.peer); err == nil {
+					r.countUp(sent{packets: 1, bytes: uint64(len(e.payload))})
+				}
+			}
+			*e = upEntry{}
+		}
+		r.countUp(q.flush())
+	}
+	b.nups = 0
+}
+
+// countUp adds what a flush sent to the allocation's counters.
+func (r *relayConn) countUp(s sent) {
+	if s.packets == 0 {
+		return
+	}
+	r.upPackets.Add(s.packets)
+	r.upBytes.Add(s.bytes)
+	if s.runs != 0 {
+		r.upRuns.Add(s.runs)
+	}
+}
