@@ -67,16 +67,7 @@ func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
 	if h := r.srv.cfg.holdRelayReads; h != nil {
 		<-h // tests only: once, before the first read, never per datagram
 	}
-	for {
-		b, err := r.reader.next()
-		if b != nil {
-			r.deliverBatch(b)
-			r.reader.pool.Put(b)
-		}
-		if err != nil {
-			return 0, nil, err
-		}
-	}
+	return 0, nil, r.reader.run(r.deliverBatch)
 }
 
 // deliverBatch relays a batch in the order read. ChannelData for a UDP
@@ -135,20 +126,22 @@ func (r *relayConn) countDown(s sent) {
 }
 
 // datagramReader reads a relay socket's datagrams in batches into arenas
-// borrowed from a pool shared by every relay. Go's net package reads only
-// into a buffer handed to it before it parks, so the receive goes through
-// the socket's RawConn: the callback takes a batch when the socket is
-// readable and gives it back at EAGAIN if it read nothing, before the
-// goroutine parks.
+// borrowed from a pool shared by every relay, and relays each batch from
+// inside the socket's RawConn callback: Go's net package reads only into a
+// buffer handed to it before it parks, and the callback takes a batch when
+// the socket is readable and gives it back before the goroutine parks.
+// Relaying inside the callback also lets the read that found the socket
+// empty (EAGAIN) be the one the goroutine parks on: a wake-up costs one
+// empty read, not two.
 type datagramReader struct {
-	rc   syscall.RawConn
-	v6   bool // an AF_INET6 socket, for the batched sends to peers (udpread_linux.go)
-	pool *sync.Pool
-	recv func(fd uintptr) bool // made once: a closure per read would allocate
+	rc      syscall.RawConn
+	v6      bool // an AF_INET6 socket, for the batched sends to peers (udpread_linux.go)
+	pool    *sync.Pool
+	recv    func(fd uintptr) bool // made once: a closure per read would allocate
+	deliver func(*relayBatch)
 
-	// The callback's results; one goroutine (pion's, for this allocation)
+	// The callback's result; one goroutine (pion's, for this allocation)
 	// reads.
-	b     *relayBatch
 	errno syscall.Errno
 	rsa   syscall.RawSockaddrAny
 }
@@ -163,18 +156,43 @@ func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error)
 		return nil, fmt.Errorf("turn: relay socket: %w", err)
 	}
 	d := &datagramReader{rc: rc, v6: v6, pool: pool}
-	d.recv = d.recvBatch
+	d.recv = d.recvBatches
 	return d, nil
 }
 
-// recvBatch reads until EAGAIN, a full batch, or an arena with no room
-// left for the biggest datagram. It reports false (park) only when it read
-// nothing.
-func (d *datagramReader) recvBatch(fd uintptr) bool {
+// run reads and relays with deliver until the socket fails (closed).
+func (d *datagramReader) run(deliver func(*relayBatch)) error {
+	d.deliver = deliver
+	if err := d.rc.Read(d.recv); err != nil {
+		return err
+	}
+	return fmt.Errorf("turn: relay socket recvfrom: %w", d.errno)
+}
+
+// recvBatches reads batches and relays them until the socket is empty
+// (false: park until readable) or fails (true, with errno set).
+func (d *datagramReader) recvBatches(fd uintptr) bool {
 	b := d.pool.Get().(*relayBatch)
+	defer d.pool.Put(b)
+	for {
+		empty := d.readBatch(fd, b)
+		if b.count > 0 {
+			d.deliver(b)
+		}
+		if d.errno != 0 {
+			return true
+		}
+		if empty {
+			return false
+		}
+	}
+}
+
+// readBatch reads into b until EAGAIN (reported true), a full batch, an
+// arena with no room left for the biggest datagram, or an error (errno).
+func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
 	b.count = 0
 	off := 0
-read:
 	for b.count < maxBatch && off+relayBufSize <= len(b.arena) {
 		room := b.arena[off+relayHeadroom : off+relayHeadroom+maxDatagram+1]
 		rsaLen := uint32(syscall.SizeofSockaddrAny)
@@ -189,21 +207,12 @@ read:
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			if b.count == 0 {
-				d.pool.Put(b)
-				return false // park until readable
-			}
-		default:
-			d.errno = e
+			return true
 		}
-		break read
+		d.errno = e
+		return false
 	}
-	if b.count == 0 {
-		d.pool.Put(b)
-		b = nil
-	}
-	d.b = b
-	return true
+	return false
 }
 
 // sockaddrAddrPort decodes a sender's address, IPv4-mapped ones unmapped.
@@ -219,18 +228,4 @@ func sockaddrAddrPort(rsa *syscall.RawSockaddrAny) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(port[0])<<8|uint16(port[1]))
 	}
 	return netip.AddrPort{}
-}
-
-// next returns the next batch (nil with an error when nothing was read
-// before it; a batch and an error when the error ended a batch); the
-// caller puts the batch back in the pool.
-func (d *datagramReader) next() (*relayBatch, error) {
-	d.b, d.errno = nil, 0
-	if err := d.rc.Read(d.recv); err != nil {
-		return nil, err
-	}
-	if d.errno != 0 {
-		return d.b, fmt.Errorf("turn: relay socket recvfrom: %w", d.errno)
-	}
-	return d.b, nil
 }

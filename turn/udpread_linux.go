@@ -27,6 +27,11 @@ type udpConn struct {
 	b    *upBatch
 	recv func(fd uintptr) bool // made once: a closure per read would allocate
 	rsa  syscall.RawSockaddrAny
+	// p is pion's buffer while the callback runs; resN and resAddr the
+	// message for pion the callback found (resAddr nil: none).
+	p       []byte
+	resN    int
+	resAddr net.Addr
 }
 
 // upArenaSize holds a full batch of datagrams of typical WebRTC size
@@ -57,32 +62,67 @@ type upEntry struct {
 func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
 	u := &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), b: &upBatch{arena: make([]byte, upArenaSize)}}
 	u.b.q.init()
-	u.recv = u.recvBatch
+	u.recv = u.recvBatches
 	return u
 }
 
 // ReadFrom implements net.PacketConn for pion's read loop. Relayed bytes
 // are sent on from the batch's arena without a copy; the control messages
-// left for pion are copied into p.
+// left for pion are copied into p. Batches are handled inside the socket's
+// RawConn callback, so that the read that finds the socket empty is the
+// one the goroutine parks on; a message for pion ends the callback, and
+// the rest of its batch is handled at the next call.
 func (c *udpConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	b := c.b
 	for {
-		if b.next == b.count {
-			c.flushUp()
-			if b.errno != 0 {
-				e := b.errno
-				b.errno = 0
-				return 0, nil, fmt.Errorf("turn: UDP listener recvfrom: %w", e)
-			}
-			b.count, b.next = 0, 0
-			if h := c.srv.cfg.beforeUpRead; h != nil {
-				h() // tests only
-			}
-			if err := c.srv.out.rc.Read(c.recv); err != nil {
-				return 0, nil, err
-			}
-			continue
+		if c.handle(p) {
+			return c.resN, c.resAddr, nil
 		}
+		if b.errno != 0 {
+			e := b.errno
+			b.errno = 0
+			return 0, nil, fmt.Errorf("turn: UDP listener recvfrom: %w", e)
+		}
+		c.p = p
+		err := c.srv.out.rc.Read(c.recv)
+		c.p = nil
+		if err != nil {
+			return 0, nil, err
+		}
+		if c.resAddr != nil {
+			return c.resN, c.resAddr, nil
+		}
+	}
+}
+
+// recvBatches reads and handles batches until the socket is empty (false:
+// park until readable), a message is for pion or the read failed (true).
+func (c *udpConn) recvBatches(fd uintptr) bool {
+	b := c.b
+	c.resAddr = nil
+	for {
+		if h := c.srv.cfg.beforeUpRead; h != nil {
+			h() // tests only
+		}
+		empty := c.readBatch(fd)
+		if c.handle(c.p) {
+			return true
+		}
+		if b.errno != 0 {
+			return true
+		}
+		if empty {
+			return false
+		}
+	}
+}
+
+// handle relays the batch's datagrams from b.next on, and flushes the
+// queued payloads at its end. It reports true, with the message copied
+// into p (c.resN, c.resAddr), at a message for pion.
+func (c *udpConn) handle(p []byte) bool {
+	b := c.b
+	for b.next < b.count {
 		i := b.next
 		b.next++
 		n := int(b.n[i])
@@ -106,14 +146,18 @@ func (c *udpConn) ReadFrom(p []byte) (int, net.Addr, error) {
 		if n >= len(p) {
 			continue // pion would take it for truncated; no request is this big
 		}
-		return copy(p, pkt), net.UDPAddrFromAddrPort(src), nil
+		c.resN, c.resAddr = copy(p, pkt), net.UDPAddrFromAddrPort(src)
+		return true
 	}
+	c.flushUp()
+	return false
 }
 
-// recvBatch reads until EAGAIN, a full batch, or an arena with no room
-// left for the biggest datagram; false (park) when it read nothing.
-func (c *udpConn) recvBatch(fd uintptr) bool {
+// readBatch reads a new batch until EAGAIN (reported true), a full batch,
+// an arena with no room left for the biggest datagram, or an error.
+func (c *udpConn) readBatch(fd uintptr) (empty bool) {
 	b := c.b
+	b.count, b.next = 0, 0
 	off := 0
 	for b.count < maxBatch && off+maxDatagram+1 <= len(b.arena) {
 		room := b.arena[off : off+maxDatagram+1]
@@ -129,12 +173,12 @@ func (c *udpConn) recvBatch(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			return b.count > 0
+			return true
 		}
 		b.errno = e
-		return true
+		return false
 	}
-	return true
+	return false
 }
 
 // queueUp queues a ChannelData frame's payload for the peer bound to its
