@@ -64,7 +64,23 @@ func startRelayCluster(t *testing.T, n int, services []string, env ...string) *r
 	for i, s := range c.nodes {
 		s.awaitStart(started[i])
 	}
+	// A failed cluster test shows what the nodes logged past their start
+	// (peers judged gone, fences, refusals): the likely why of a timing.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for i, s := range c.nodes {
+			t.Logf("node%d's log:\n%s", i, tailLines(s.stderr.String(), 40))
+		}
+	})
 	return c
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // readyz returns a node's /readyz status (0 when its admin listener does

@@ -181,7 +181,7 @@ func (c *Cluster) heard(bye bool, data string) {
 	}
 	fns := p.gone
 	p.mu.Unlock()
-	notifyGone(fns, goneNow)
+	c.notifyGone(fns, goneNow)
 	if wasJudged && !bye {
 		// It ran on while we judged it gone: tell it, so it fences
 		// itself. A lost notice is covered by its own-beats rule in
@@ -310,11 +310,14 @@ func (c *Cluster) judge(now time.Time) {
 	}
 	fns := p.gone
 	p.mu.Unlock()
-	notifyGone(fns, goneNow)
+	c.notifyGone(fns, goneNow)
 }
 
-func notifyGone(fns []func(node, incarnation string), gone []peer) {
+// notifyGone logs each peer judged gone (a line an operator reads beside
+// the sockets it closed) and tells the routers.
+func (c *Cluster) notifyGone(fns []func(node, incarnation string), gone []peer) {
 	for _, g := range gone {
+		c.log.Info("cluster peer gone: its sides, channels and clients are let go here", "peer", g.node, "incarnation", g.incarnation)
 		for _, fn := range fns {
 			fn(g.node, g.incarnation)
 		}

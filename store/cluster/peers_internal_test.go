@@ -13,7 +13,7 @@ import (
 // at its first new beat; a goodbye is gone at once; and a node that has
 // not heard its own beat for peerSilence judges nobody.
 func TestPeersSilenceRule(t *testing.T) {
-	c := &Cluster{node: "a", incarnation: "a1", peers: newPeers(time.Now().Add(-time.Hour), discard)}
+	c := &Cluster{node: "a", incarnation: "a1", log: slog.New(slog.DiscardHandler), peers: newPeers(time.Now().Add(-time.Hour), discard)}
 	var mu sync.Mutex
 	var gone []string
 	c.OnPeerGone(func(node, inc string) {
@@ -192,7 +192,7 @@ func TestPeersFenceWhenTold(t *testing.T) {
 // node heard before seeding keeps its beats' clock.
 func TestPeersSeededNodeGoesAtGrace(t *testing.T) {
 	start := time.Now()
-	c := &Cluster{node: "a", incarnation: "a1", peers: newPeers(start, discard)}
+	c := &Cluster{node: "a", incarnation: "a1", log: slog.New(slog.DiscardHandler), peers: newPeers(start, discard)}
 	var gone []string
 	c.OnPeerGone(func(node, inc string) { gone = append(gone, node+"/"+inc) })
 	c.heard(false, "c c1")
