@@ -5,13 +5,16 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/pion/stun/v3"
+	"golang.org/x/sys/unix"
 
 	"edgerelay/turn/turntest"
 )
@@ -440,6 +443,91 @@ func TestRelayBatchedUp(t *testing.T) {
 			}
 			if runs := r.upRuns.Load(); mode.noGSO != (runs == 0) {
 				t.Errorf("%d GSO sends to peers on the %s path", runs, mode.name)
+			}
+		})
+	}
+}
+
+// sendGSO sends frames (equal sizes, the last possibly shorter) from conn
+// as one GSO send to to (zero: conn is connected).
+func sendGSO(t *testing.T, conn *net.UDPConn, to netip.AddrPort, frames [][]byte) {
+	t.Helper()
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = uint16(len(frames[0]))
+	if _, _, err := conn.WriteMsgUDPAddrPort(bytes.Join(frames, nil), oob, to); err != nil {
+		t.Fatalf("GSO send: %v", err)
+	}
+}
+
+// TestRelayGRO: runs a client and a peer send as one GSO send each (which
+// loopback hands a UDP_GRO socket coalesced) are split back into their
+// datagrams, both ways, in order and counted exactly; with UDP_GRO off the
+// kernel splits them itself. The relay both ways is GSO on the way out.
+func TestRelayGRO(t *testing.T) {
+	for _, mode := range []struct {
+		name  string
+		noGRO bool
+	}{{"gro", false}, {"no-gro", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			s, _ := testServer(t, func(c *Config) { c.noGRO = mode.noGRO })
+			if !s.out.gso.on.Load() {
+				t.Skip("no UDP GSO in this kernel")
+			}
+			c := rawClient(t, s, "udp", "gro")
+			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer, _ := turntest.MustBindPeers(t, c, 0x4000)
+			r := relayOf(t, s, relay.Port())
+
+			// Client to peer: 20 frames of 1,000 bytes and one of 500.
+			var up [][]byte
+			var upBytes uint64
+			for i := range 21 {
+				n := 1000
+				if i == 20 {
+					n = 500
+				}
+				up = append(up, c.ChannelData(0x4000, payload(n, byte(i))))
+				upBytes += uint64(n)
+			}
+			sendGSO(t, c.Conn().(*net.UDPConn), netip.AddrPort{}, up)
+			for i, f := range up {
+				if got := turntest.ReadPeer(t, peer); !bytes.Equal(got, f[4:]) {
+					t.Fatalf("datagram %d to the peer: %d bytes (fill %d), want %d", i, len(got), got[0], len(f)-4)
+				}
+			}
+
+			// Peer to client: 30 datagrams of 1,200 bytes and one of 700.
+			var down [][]byte
+			var downBytes uint64
+			for i := range 31 {
+				n := 1200
+				if i == 30 {
+					n = 700
+				}
+				down = append(down, payload(n, byte(i)))
+				downBytes += uint64(n)
+			}
+			sendGSO(t, peer, relay, down)
+			for i, want := range down {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, want) {
+					t.Fatalf("datagram %d to the client: %d bytes (%x...), want %d bytes of %x", i, len(got), got[:min(len(got), 4)], len(want), want[0])
+				}
+			}
+			if p, b := r.upPackets.Load(), r.upBytes.Load(); p != 21 || b != upBytes {
+				t.Errorf("to the peer: counted %d datagrams, %d bytes; want 21, %d", p, b, upBytes)
+			}
+			if p, b := r.downPackets.Load(), r.downBytes.Load(); p != 31 || b != downBytes {
+				t.Errorf("to the client: counted %d datagrams, %d bytes; want 31, %d", p, b, downBytes)
+			}
+			listenerGRO, relayGRO := s.udpConn.groReads.Load(), r.reader.groReads.Load()
+			if mode.noGRO != (listenerGRO == 0) || mode.noGRO != (relayGRO == 0) {
+				t.Errorf("coalesced reads: listener %d, relay %d, with UDP_GRO %v", listenerGRO, relayGRO, !mode.noGRO)
 			}
 		})
 	}

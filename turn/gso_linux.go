@@ -139,19 +139,19 @@ type sendQueue struct {
 	gso    *gsoState
 	header int // bytes of each datagram not counted as payload (a ChannelData header)
 
-	iov   [maxBatch]unix.Iovec
-	dst   [maxBatch]uint8 // index in names
+	iov   [maxSlots]unix.Iovec
+	dst   [maxSlots]uint8 // index in names
 	count int
 	// names are the destinations, one per change of destination.
-	names   [maxBatch]unix.RawSockaddrInet6 // or RawSockaddrInet4s in their first bytes
-	nameLen [maxBatch]uint32
-	segMax  [maxBatch]int32 // the destination's family's gsoMaxSegment
+	names   [maxSlots]unix.RawSockaddrInet6 // or RawSockaddrInet4s in their first bytes
+	nameLen [maxSlots]uint32
+	segMax  [maxSlots]int32 // the destination's family's gsoMaxSegment
 	last    netip.AddrPort  // names[nnames-1]
 	nnames  int
 
 	hdr  unix.Msghdr
 	cmsg [4]uint64 // a UDP_SEGMENT control message (uint64s: aligned for its header)
-	mm   [maxBatch]unix.Mmsghdr
+	mm   [maxSlots]unix.Mmsghdr
 
 	// The write callbacks' arguments and results.
 	pos, end int
@@ -239,7 +239,7 @@ func (q *sendQueue) sendRuns() (s sent) {
 		size, dst := int(q.iov[i].Len), q.dst[i]
 		j, total := i+1, size
 		if size > 0 && size <= min(segCap, int(q.segMax[dst])) { // a segment size of 0 would send the run as one datagram
-			for j < q.count {
+			for j < q.count && j-i < maxBatch { // UDP_MAX_SEGMENTS
 				l := int(q.iov[j].Len)
 				if l > size || q.dst[j] != dst || total+l > gsoMaxBytes {
 					break
@@ -344,4 +344,44 @@ func (q *sendQueue) sendmmsg(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// segReader reads one datagram with recvmsg, and the segment size of a
+// GRO-coalesced one (UDP_GRO on the socket: the kernel hands a run of
+// equal-size datagrams from one sender over as one buffer, the last
+// segment possibly shorter). Its fields are the syscall's arguments,
+// kept so that nothing is allocated per read; one reader at a time.
+type segReader struct {
+	hdr  unix.Msghdr
+	iov  unix.Iovec
+	cmsg [4]uint64 // room for a UDP_GRO control message (an int)
+	rsa  syscall.RawSockaddrAny
+}
+
+// recv reads into room; seg is 0 unless the read was coalesced.
+func (r *segReader) recv(fd uintptr, room []byte) (n, seg int, errno syscall.Errno) {
+	r.iov.Base = &room[0]
+	r.iov.SetLen(len(room))
+	r.hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&r.rsa)), Namelen: syscall.SizeofSockaddrAny, Iov: &r.iov}
+	r.hdr.SetIovlen(1)
+	r.hdr.Control = (*byte)(unsafe.Pointer(&r.cmsg[0]))
+	r.hdr.SetControllen(int(unsafe.Sizeof(r.cmsg)))
+	got, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&r.hdr)), 0)
+	if e != 0 {
+		return 0, 0, e
+	}
+	if int(r.hdr.Controllen) >= unix.CmsgLen(4) {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&r.cmsg[0]))
+		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO {
+			seg = int(*(*int32)(unsafe.Pointer(uintptr(unsafe.Pointer(&r.cmsg[0])) + uintptr(unix.CmsgLen(0)))))
+		}
+	}
+	return int(got), seg, 0
+}
+
+// enableGRO asks the kernel to hand coalesced runs to this socket
+// (UDP_GRO, Linux 5.0); where it cannot, datagrams come one by one as
+// before.
+func enableGRO(rc syscall.RawConn) {
+	_ = rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) })
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -18,12 +19,18 @@ const (
 	// maxBatch is the datagrams read per batch; also UDP_MAX_SEGMENTS, the
 	// kernel's cap on segments per GSO send.
 	maxBatch = 64
+	// maxSlots is the datagrams a batch may hold: reads stop at maxBatch,
+	// and the last read may be a GRO-coalesced run of up to 64 more.
+	maxSlots = 2 * maxBatch
+	// groSlack is the room a coalesced read's segments take beyond the
+	// read itself once spread into slots of their own.
+	groSlack = maxBatch * (relayHeadroom + 3)
 	// batchArenaSize holds a full batch of datagrams of typical WebRTC
 	// size (1,300 bytes with their headroom) behind which a datagram of
 	// the biggest size still fits: a read is only made into room for the
 	// biggest, so nothing is ever truncated for want of room; big
 	// datagrams just make smaller batches.
-	batchArenaSize = maxBatch*(relayHeadroom+1300) + relayBufSize
+	batchArenaSize = maxBatch*(relayHeadroom+1300) + relayBufSize + groSlack
 )
 
 // relayBatch is one batch of datagrams read from a relay socket, each in
@@ -34,9 +41,9 @@ const (
 type relayBatch struct {
 	arena []byte
 	count int
-	off   [maxBatch]int32 // slot start in arena
-	n     [maxBatch]int32 // datagram length; maxDatagram+1: too big, dropped
-	from  [maxBatch]netip.AddrPort
+	off   [maxSlots]int32 // slot start in arena
+	n     [maxSlots]int32 // datagram length; maxDatagram+1: too big, dropped
+	from  [maxSlots]netip.AddrPort
 	q     sendQueue // the frames of this batch to a UDP client
 }
 
@@ -140,13 +147,16 @@ type datagramReader struct {
 	recv    func(fd uintptr) bool // made once: a closure per read would allocate
 	deliver func(*relayBatch)
 
-	// The callback's result; one goroutine (pion's, for this allocation)
-	// reads.
+	// The callback's result and the reads' arguments; one goroutine
+	// (pion's, for this allocation) reads.
 	errno syscall.Errno
-	rsa   syscall.RawSockaddrAny
+	sr    segReader
+	// groReads counts coalesced reads (tests read it; one add per read of
+	// a run, by this socket's reader only).
+	groReads atomic.Uint64
 }
 
-func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error) {
+func newDatagramReader(c *net.UDPConn, pool *sync.Pool, gro bool) (*datagramReader, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("turn: relay socket: %w", err)
@@ -154,6 +164,9 @@ func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error)
 	v6, err := socketIsV6(rc)
 	if err != nil {
 		return nil, fmt.Errorf("turn: relay socket: %w", err)
+	}
+	if gro {
+		enableGRO(rc)
 	}
 	d := &datagramReader{rc: rc, v6: v6, pool: pool}
 	d.recv = d.recvBatches
@@ -193,16 +206,23 @@ func (d *datagramReader) recvBatches(fd uintptr) bool {
 func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
 	b.count = 0
 	off := 0
-	for b.count < maxBatch && off+relayBufSize <= len(b.arena) {
+	for b.count < maxBatch && off+relayBufSize+groSlack <= len(b.arena) {
 		room := b.arena[off+relayHeadroom : off+relayHeadroom+maxDatagram+1]
-		rsaLen := uint32(syscall.SizeofSockaddrAny)
-		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&room[0])), uintptr(len(room)), 0,
-			uintptr(unsafe.Pointer(&d.rsa)), uintptr(unsafe.Pointer(&rsaLen)))
+		n, seg, e := d.sr.recv(fd, room)
 		switch e {
 		case 0:
-			b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), sockaddrAddrPort(&d.rsa)
-			b.count++
-			off += relayHeadroom + int(n) + 3
+			from := sockaddrAddrPort(&d.sr.rsa)
+			if seg <= 0 || n <= seg || n > maxDatagram {
+				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), from
+				b.count++
+				off += relayHeadroom + n + 3
+				continue
+			}
+			if (n+seg-1)/seg > maxBatch {
+				continue // more segments than the kernel coalesces: never seen
+			}
+			off = b.spread(off, n, seg, from)
+			d.groReads.Add(1)
 			continue
 		case syscall.EINTR:
 			continue
@@ -213,6 +233,25 @@ func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
 		return false
 	}
 	return false
+}
+
+// spread splits a coalesced read of n bytes at off (segments of seg bytes,
+// the last possibly shorter) into slots of their own, moving each segment
+// behind its own headroom, the last first, and returns the offset after
+// the last slot.
+func (b *relayBatch) spread(off, n, seg int, from netip.AddrPort) int {
+	k := (n + seg - 1) / seg
+	stride := relayHeadroom + seg + 3
+	for i := k - 1; i >= 0; i-- {
+		l := min(seg, n-i*seg)
+		src := off + relayHeadroom + i*seg
+		dst := off + i*stride
+		copy(b.arena[dst+relayHeadroom:dst+relayHeadroom+l], b.arena[src:src+l])
+		b.off[b.count+i], b.n[b.count+i], b.from[b.count+i] = int32(dst), int32(l), from
+	}
+	b.count += k
+	last := n - (k-1)*seg
+	return off + (k-1)*stride + relayHeadroom + last + 3
 }
 
 // sockaddrAddrPort decodes a sender's address, IPv4-mapped ones unmapped.

@@ -45,7 +45,7 @@ type datagramReader struct {
 	buf *[]byte
 }
 
-func newDatagramReader(c *net.UDPConn, pool *sync.Pool) (*datagramReader, error) {
+func newDatagramReader(c *net.UDPConn, pool *sync.Pool, _ bool) (*datagramReader, error) {
 	return &datagramReader{c: c, buf: pool.Get().(*[]byte)}, nil
 }
 

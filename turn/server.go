@@ -74,6 +74,9 @@ type Config struct {
 	// noGSO, set by tests only, relays as if the kernel refused UDP GSO
 	// (sendmmsg), so that both of the batched sender's paths are tested.
 	noGSO bool
+	// noGRO, set by tests only, leaves UDP_GRO off on the sockets that
+	// receive, so that both of the batched readers' paths are tested.
+	noGRO bool
 	// beforeUpRead, set by tests only, is called by the UDP listener's
 	// reader before each batch it reads (Linux), so that a test can hold
 	// it while the socket fills.
@@ -101,6 +104,8 @@ type Server struct {
 	// out sends relayed frames to UDP clients in batches (Linux; see
 	// gso_linux.go).
 	out *udpOut
+	// udpConn is the listener as pion reads it.
+	udpConn *udpConn
 
 	draining  atomic.Bool
 	closing   chan struct{} // closed when Shutdown closes everything
@@ -183,6 +188,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 
+	s.udpConn = newUDPConn(s.udp, s)
 	gen := relayAddressGenerator{srv: s}
 	permit := func(_ net.Addr, ip net.IP) bool {
 		a, ok := netip.AddrFromSlice(ip)
@@ -203,7 +209,7 @@ func Start(cfg Config) (*Server, error) {
 			OnChannelDeleted:    s.onChannelDeleted,
 		},
 		PacketConnConfigs: []pionturn.PacketConnConfig{{
-			PacketConn:            newUDPConn(s.udp, s),
+			PacketConn:            s.udpConn,
 			RelayAddressGenerator: gen,
 			PermissionHandler:     permit,
 		}},

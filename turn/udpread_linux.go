@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
-	"unsafe"
 )
 
 // udpConn is the UDP listener socket as pion sees it. Its ReadFrom reads
@@ -26,7 +26,9 @@ type udpConn struct {
 	// socket.
 	b    *upBatch
 	recv func(fd uintptr) bool // made once: a closure per read would allocate
-	rsa  syscall.RawSockaddrAny
+	sr   segReader
+	// groReads counts coalesced reads (tests read it).
+	groReads atomic.Uint64
 	// p is pion's buffer while the callback runs; resN and resAddr the
 	// message for pion the callback found (resAddr nil: none).
 	p       []byte
@@ -43,11 +45,11 @@ const upArenaSize = maxBatch*1300 + maxDatagram + 1
 type upBatch struct {
 	arena       []byte
 	count, next int // datagrams read; the next to handle
-	off, n      [maxBatch]int32
-	from        [maxBatch]netip.AddrPort
+	off, n      [maxSlots]int32
+	from        [maxSlots]netip.AddrPort
 	errno       syscall.Errno // what ended the read, reported once the batch is handled
 
-	ups  [maxBatch]upEntry
+	ups  [maxSlots]upEntry
 	nups int
 	q    sendQueue
 }
@@ -61,6 +63,9 @@ type upEntry struct {
 
 func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
 	u := &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), b: &upBatch{arena: make([]byte, upArenaSize)}}
+	if !s.cfg.noGRO {
+		enableGRO(s.out.rc)
+	}
 	u.b.q.init()
 	u.recv = u.recvBatches
 	return u
@@ -161,14 +166,27 @@ func (c *udpConn) readBatch(fd uintptr) (empty bool) {
 	off := 0
 	for b.count < maxBatch && off+maxDatagram+1 <= len(b.arena) {
 		room := b.arena[off : off+maxDatagram+1]
-		rsaLen := uint32(syscall.SizeofSockaddrAny)
-		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&room[0])), uintptr(len(room)), 0,
-			uintptr(unsafe.Pointer(&c.rsa)), uintptr(unsafe.Pointer(&rsaLen)))
+		n, seg, e := c.sr.recv(fd, room)
 		switch e {
 		case 0:
-			b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), sockaddrAddrPort(&c.rsa)
-			b.count++
-			off += int(n)
+			from := sockaddrAddrPort(&c.sr.rsa)
+			if seg <= 0 || n <= seg || n > maxDatagram {
+				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), from
+				b.count++
+				off += n
+				continue
+			}
+			if (n+seg-1)/seg > maxBatch {
+				continue // more segments than the kernel coalesces: never seen
+			}
+			// A coalesced run's segments are datagrams of their own, in
+			// place: nothing is written in front of them on this path.
+			for s := 0; s < n; s += seg {
+				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off+s), int32(min(seg, n-s)), from
+				b.count++
+			}
+			off += n
+			c.groReads.Add(1)
 			continue
 		case syscall.EINTR:
 			continue
