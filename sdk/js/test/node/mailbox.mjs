@@ -216,6 +216,7 @@ const lines = stdin[Symbol.asyncIterator]();
   const strict = new Mailbox({ relay, app: "demo", link, role: "primary", retryRateLimited: false });
   let ok = 0;
   let limited;
+  const began = performance.now();
   for (let round = 0; round < 20 && !limited; round++) {
     const rs = await Promise.allSettled(Array.from({ length: 20 }, () => strict.head("p2c")));
     for (const r of rs) {
@@ -226,10 +227,24 @@ const lines = stdin[Symbol.asyncIterator]();
   }
   assert.ok(limited, "no 429 after 400 HEADs");
   assert.equal(limited.code, "http_429", "a HEAD's 429 has no body");
-  assert.ok(ok >= 230 && ok <= 270, `HEADs answered before the 429: ${ok} (burst 240)`);
+  // The burst, plus what the bucket refilled (4/s) while the HEADs ran: a
+  // loaded machine makes the run take seconds.
+  const refilled = Math.ceil((4 * (performance.now() - began)) / 1000);
+  assert.ok(ok >= 230 && ok <= 260 + refilled, `HEADs answered before the 429: ${ok} (burst 240, ${refilled} refilled)`);
   assert.ok(Number.isInteger(limited.retryAfter) && limited.retryAfter >= 1, `Retry-After ${limited.retryAfter}`);
-  // A GET's 429 carries the JSON body.
-  await relayError(strict.batch("p2c"), 429, "rate_limited", "a batch with the bucket empty");
+  // A GET's 429 carries the JSON body. The bucket refills a token every
+  // 250 ms, so a slow step may find one: a few tries drain it again.
+  let batchLimited;
+  for (let i = 0; i < 10 && !batchLimited; i++) {
+    try {
+      await strict.batch("p2c");
+    } catch (e) {
+      if (!(e instanceof RelayError && e.status === 429)) throw e;
+      batchLimited = e;
+    }
+  }
+  assert.ok(batchLimited, "no 429 for a batch in 10 tries with the bucket drained");
+  assert.equal(batchLimited.code, "rate_limited", "a batch's 429 carries the JSON body");
   // The default client waits out a short Retry-After once and gets through.
   assert.deepEqual(await P.head("p2c"), { first: 0, last: 0, count: 0 }, "HEAD with the retry");
   log(`rate limit: ${ok} HEADs, then 429 with Retry-After ${limited.retryAfter}`);
