@@ -33,7 +33,7 @@ test: js
 	cd sdk/js && npm test
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /sdk/js/e2e)
 	# The SDK's Node and Chromium tests run alone, after the rest: Chromium's
-	# processes beside the cluster tests starved their 1.5 s liveness timing.
+	# processes beside the cluster tests add to the load that delays their 1.5 s liveness timing.
 	$(GO) test -race -count=1 -timeout 5m ./sdk/js/e2e/
 	# The race detector adds allocations of its own: the zero-allocation
 	# proofs run once more without it.
