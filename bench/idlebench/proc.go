@@ -1,0 +1,110 @@
+package idlebench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"edgerelay/bench/serverproc"
+)
+
+// Build builds cmd/idleserve into dir and returns its path. moduleDir is
+// any directory inside the edgerelay module ("" for the working
+// directory).
+func Build(ctx context.Context, moduleDir, dir string) (string, error) {
+	return serverproc.Build(ctx, moduleDir, dir, "edgerelay/bench/idlebench/cmd/idleserve")
+}
+
+// Sides of every comparison here, in abtest's order: today's path (a
+// reader goroutine per socket) is the baseline the parked figures are
+// set beside.
+var Sides = [2]string{"parked", "unparked"}
+
+func parkFlag(side int) string {
+	if side == 0 {
+		return "on"
+	}
+	return "off"
+}
+
+// relayProc is one running idleserve.
+type relayProc struct {
+	*serverproc.Proc
+	client *client
+}
+
+// startServer starts bin for one side with the extra flags given, and a
+// client for it.
+func startServer(ctx context.Context, bin string, side int, useTLS bool, aliases int, flags ...string) (*relayProc, error) {
+	args := append([]string{bin, "-park", parkFlag(side)}, flags...)
+	name := "idleserve " + Sides[side]
+	if useTLS {
+		args = append(args, "-tls")
+		name += " TLS"
+	}
+	p, err := serverproc.Start(ctx, name, -1, nil, args...)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newClient(p.Ready, useTLS, aliases)
+	if err != nil {
+		return nil, errJoin(err, p.Stop())
+	}
+	return &relayProc{Proc: p, client: c}, nil
+}
+
+// parked asks how many sockets the server holds parked.
+func (s *relayProc) parked(ctx context.Context) (int, error) {
+	ans, err := s.Ask(ctx, "parked", 30*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(ans)
+	if err != nil {
+		return 0, fmt.Errorf("idlebench: parked answered %q: %w", ans, err)
+	}
+	return n, nil
+}
+
+// refused asks what the listeners refused and hold.
+func (s *relayProc) refused(ctx context.Context) (Refusals, error) {
+	ans, err := s.Ask(ctx, "refused", 30*time.Second)
+	if err != nil {
+		return Refusals{}, err
+	}
+	var r Refusals
+	if err := json.Unmarshal([]byte(ans), &r); err != nil {
+		return r, fmt.Errorf("idlebench: refused answered %q: %w", ans, err)
+	}
+	return r, nil
+}
+
+// settleParked waits until want sockets are parked, or until the count
+// has not moved for parkSettle (a socket parks ws.DefaultParkAfter after
+// its last input, so a count that stands still that long will not
+// reach want): it returns the count either way, for the figure to show.
+func (s *relayProc) settleParked(ctx context.Context, want int) (int, error) {
+	last, since := -1, time.Now()
+	for {
+		n, err := s.parked(ctx)
+		if err != nil || n >= want {
+			return n, err
+		}
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) > parkSettle {
+			return n, nil
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// parkSettle is how long a parked count may stand still below its target
+// before the sockets left are taken to be sockets that do not park.
+const parkSettle = 3 * time.Second

@@ -1,0 +1,268 @@
+package idlebench
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"edgerelay/bench/abtest"
+	"edgerelay/bench/relayserve"
+	"edgerelay/bench/serverproc"
+)
+
+// WakeOptions shape MeasureWake. Zero fields take the defaults noted.
+type WakeOptions struct {
+	// Binary is cmd/idleserve (see Build). Required.
+	Binary string
+	// Sockets is how many watch sockets a server holds, each on the p2c
+	// direction of a mailbox of its own. Default 1,000.
+	Sockets int
+	// Deliveries is how many envelopes one server delivers, one at a
+	// time, to the sockets in turn (so each socket has been idle for
+	// Sockets deliveries when its next one comes). Default 3,000.
+	Deliveries int
+	// Rounds is how many servers of each side deliver, alternately, each
+	// a fresh process. Default 2.
+	Rounds int
+	// EnvelopeSize is each envelope's bytes (at least 25). Default 256.
+	EnvelopeSize int
+	// Progress, when not nil, gets one line per server.
+	Progress io.Writer
+}
+
+func (o WakeOptions) withDefaults() (WakeOptions, error) {
+	if o.Sockets == 0 {
+		o.Sockets = 1_000
+	}
+	if o.Deliveries == 0 {
+		o.Deliveries = 3_000
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 2
+	}
+	if o.EnvelopeSize == 0 {
+		o.EnvelopeSize = 256
+	}
+	switch {
+	case o.Binary == "":
+		return o, errors.New("idlebench: WakeOptions.Binary is required (see Build)")
+	case o.Sockets < 1 || o.Deliveries < 1 || o.Rounds < 1:
+		return o, errors.New("idlebench: Sockets, Deliveries and Rounds must be positive")
+	case o.EnvelopeSize < 25:
+		return o, fmt.Errorf("idlebench: %d-byte envelopes: at least 25", o.EnvelopeSize)
+	}
+	return o, nil
+}
+
+// WakeRound is one server's deliveries.
+type WakeRound struct {
+	Deliveries int
+	// P50 and P99 are the delivery latency's: from the PUT's first byte
+	// sent to the envelope's last byte read from the watch socket.
+	P50, P99 time.Duration
+	// CPUPerDelivery and AllocsPerDelivery are the server's CPU time
+	// (user and system, getrusage) and heap allocations over the
+	// deliveries, divided by them: the PUT, its synced write and the
+	// delivery together.
+	CPUPerDelivery    time.Duration
+	AllocsPerDelivery float64
+	// Parked is how many of the sockets were parked before the first
+	// delivery.
+	Parked int
+}
+
+// WakeReport is the outcome of MeasureWake.
+type WakeReport struct {
+	Options          WakeOptions // defaults filled in
+	Parked, Unparked []WakeRound
+	// The medians over the rounds of each side's figures, and what
+	// parking adds to them (parked minus unparked: negative is faster).
+	ParkedP50, ParkedP99, UnparkedP50, UnparkedP99 time.Duration
+	ParkedCPU, UnparkedCPU                         time.Duration
+	AddedP50, AddedP99, AddedCPU                   time.Duration
+}
+
+// MeasureWake measures the cost of waking a parked socket: an envelope
+// PUT to a mailbox whose watch socket is parked, beside the same to one
+// whose socket keeps its reader goroutine, each side an idleserve
+// process of its own (alternately, fresh processes). The deliveries go
+// one at a time over one keep-alive connection, round robin over the
+// sockets, and each is timed from the PUT's sending to the envelope's
+// arrival on its watch socket. The store lives on /dev/shm where there
+// is one (see ServeProcess), so that the PUT's synced write does not
+// drown what parking adds.
+func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return WakeReport{}, err
+	}
+	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Sockets)+fdHeadroom {
+		return WakeReport{}, fmt.Errorf("idlebench: %d sockets need as many open files; the limit is %d (%v)", o.Sockets, limit, err)
+	}
+	runs, err := abtest.Alternate(o.Rounds, 0, func(side, round int) (WakeRound, error) {
+		r, err := wakeOne(ctx, o, side)
+		if err != nil {
+			return r, fmt.Errorf("idlebench: wake, %s, round %d: %w", Sides[side], round, err)
+		}
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery\n",
+				round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery)
+		}
+		return r, nil
+	})
+	if err != nil {
+		return WakeReport{}, err
+	}
+	rep := WakeReport{Options: o, Parked: runs[0], Unparked: runs[1]}
+	med := func(rs []WakeRound, f func(WakeRound) time.Duration) time.Duration {
+		return time.Duration(abtest.Median(abtest.Values(rs, func(r WakeRound) float64 { return float64(f(r)) })))
+	}
+	p50 := func(r WakeRound) time.Duration { return r.P50 }
+	p99 := func(r WakeRound) time.Duration { return r.P99 }
+	cpu := func(r WakeRound) time.Duration { return r.CPUPerDelivery }
+	rep.ParkedP50, rep.UnparkedP50 = med(rep.Parked, p50), med(rep.Unparked, p50)
+	rep.ParkedP99, rep.UnparkedP99 = med(rep.Parked, p99), med(rep.Unparked, p99)
+	rep.ParkedCPU, rep.UnparkedCPU = med(rep.Parked, cpu), med(rep.Unparked, cpu)
+	rep.AddedP50, rep.AddedP99 = rep.ParkedP50-rep.UnparkedP50, rep.ParkedP99-rep.UnparkedP99
+	rep.AddedCPU = rep.ParkedCPU - rep.UnparkedCPU
+	return rep, nil
+}
+
+// wakeLayout is socket i on the p2c direction of mailbox i.
+func wakeLayout(n int) Layout { return Layout{Kind: Watch, Sockets: 2 * n, PerDirection: 1} }
+
+func wakeOne(ctx context.Context, o WakeOptions, side int) (r WakeRound, err error) {
+	srv, err := startServer(ctx, o.Binary, side, false, 0, "-ping", idlePing.String(), "-mailboxes", strconv.Itoa(o.Sockets))
+	if err != nil {
+		return r, err
+	}
+	defer func() { err = errJoin(err, srv.Stop()) }()
+	l := wakeLayout(o.Sockets)
+	conns, err := serverproc.OpenAll(ctx, o.Sockets, func(i int) (net.Conn, error) { return asConn(srv.client.open(ctx, l, 2*i)) })
+	defer closeAll(conns)
+	if err != nil {
+		return r, err
+	}
+	if err := srv.WaitCount(ctx, o.Sockets); err != nil {
+		return r, err
+	}
+	if side == 0 {
+		if r.Parked, err = srv.settleParked(ctx, o.Sockets); err != nil {
+			return r, err
+		}
+	}
+	// OpenAll keeps its order: conns[i] watches mailbox i.
+	socks := make([]*sock, len(conns))
+	for i, c := range conns {
+		socks[i] = c.(*sock)
+	}
+	put, err := newPutter(srv.client.mailboxAddr, o.EnvelopeSize)
+	if err != nil {
+		return r, err
+	}
+	defer put.close()
+	lat := make([]time.Duration, 0, o.Deliveries)
+	u, err := srv.Measure(ctx, func() error {
+		buf := make([]byte, o.EnvelopeSize)
+		for k := range o.Deliveries {
+			i, seq := k%o.Sockets, uint64(k/o.Sockets+1)
+			d, err := put.deliver(socks[i], i, seq, buf)
+			if err != nil {
+				return fmt.Errorf("delivery %d (mailbox %d, envelope %d): %w", k, i, seq, err)
+			}
+			lat = append(lat, d)
+		}
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	r.Deliveries = len(lat)
+	slices.Sort(lat)
+	r.P50, r.P99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	r.CPUPerDelivery = u.CPU / time.Duration(r.Deliveries)
+	r.AllocsPerDelivery = float64(u.Mallocs) / float64(r.Deliveries)
+	return r, nil
+}
+
+// putter PUTs envelopes over one keep-alive connection, by hand, so that
+// the PUT and the watch socket's read are timed apart from any client
+// library's pooling.
+type putter struct {
+	nc   net.Conn
+	br   *bufio.Reader
+	addr string
+	env  []byte
+	req  []byte
+}
+
+func newPutter(addr string, size int) (*putter, error) {
+	nc, err := net.DialTimeout("tcp", addr, dialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return &putter{nc: nc, br: bufio.NewReader(nc), addr: addr, env: make([]byte, size)}, nil
+}
+
+func (p *putter) close() { _ = p.nc.Close() }
+
+// deliver PUTs envelope seq into mailbox i's p2c direction and reads it
+// from s, its watcher, into buf; it returns the time from the request's
+// sending to the envelope's arrival, then reads the PUT's answer (a 201).
+func (p *putter) deliver(s *sock, i int, seq uint64, buf []byte) (time.Duration, error) {
+	envelope(p.env, seq)
+	p.req = fmt.Appendf(p.req[:0], "PUT %s/p2c/%d HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", relayserve.MailboxPath(i), seq, p.addr, relayserve.Token, len(p.env))
+	p.req = append(p.req, p.env...)
+	deadline := time.Now().Add(10 * time.Second)
+	_ = p.nc.SetDeadline(deadline)
+	_ = s.SetReadDeadline(deadline)
+	start := time.Now()
+	if _, err := p.nc.Write(p.req); err != nil {
+		return 0, err
+	}
+	var took time.Duration
+	for {
+		op, payload, err := s.readFrame(buf)
+		if err != nil {
+			return 0, fmt.Errorf("reading the watch socket: %w", err)
+		}
+		if op != 2 { // a text "pong" or the like: not the envelope
+			continue
+		}
+		took = time.Since(start)
+		if len(payload) != len(p.env) || binary.BigEndian.Uint64(payload[1:9]) != seq {
+			return 0, fmt.Errorf("the watch delivered %d bytes of envelope %d, want %d bytes of %d",
+				len(payload), binary.BigEndian.Uint64(payload[1:9]), len(p.env), seq)
+		}
+		break
+	}
+	resp, err := http.ReadResponse(p.br, nil)
+	if err != nil {
+		return 0, fmt.Errorf("reading the PUT's answer: %w", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return 0, fmt.Errorf("PUT answered %d %s", resp.StatusCode, body)
+	}
+	return took, nil
+}
+
+// envelope fills env as envelope seq: the version byte, the sequence, and
+// filler for the ciphertext (the relay checks only the first two).
+func envelope(env []byte, seq uint64) {
+	env[0] = 0x01
+	binary.BigEndian.PutUint64(env[1:9], seq)
+	for j := 9; j < len(env); j++ {
+		env[j] = byte(seq) + byte(j)
+	}
+}
