@@ -36,6 +36,7 @@ import (
 	"edgerelay/fastpath/ratelog"
 	"edgerelay/fastpath/server"
 	"edgerelay/fastpath/tlsconf"
+	"edgerelay/fastpath/ws"
 	"edgerelay/push/apns"
 	"edgerelay/push/fcm"
 	"edgerelay/store"
@@ -129,6 +130,9 @@ type relay struct {
 	// after the listeners and before the cluster connection.
 	closers []func() error
 	turn    *turn.Server
+	// parker holds the idle WebSockets of every service (RELAY_WS_PARK);
+	// nil: a reader goroutine per socket.
+	parker *ws.Parker
 }
 
 func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout io.Writer) (r *relay, err error) {
@@ -185,6 +189,9 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 	if err != nil {
 		return nil, err
 	}
+	if r.parker, err = startParker(cfg, reg, log); err != nil {
+		return nil, err
+	}
 
 	var services []server.Service
 	var keys *channel.Keys
@@ -199,7 +206,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		if err != nil {
 			return nil, err
 		}
-		h := channel.New(channel.Config{Claims: claims, Route: chRoute, Log: clog, Metrics: channel.NewMetrics(reg), DetachSockets: true})
+		h := channel.New(channel.Config{Claims: claims, Route: chRoute, Log: clog, Metrics: channel.NewMetrics(reg), DetachSockets: true, Parker: r.parker})
 		if err := forgotten(h.Forget); err != nil {
 			return nil, err
 		}
@@ -234,7 +241,7 @@ func startRelay(ctx context.Context, cfg config.Config, log *slog.Logger, stdout
 		h, err := mailbox.New(mailbox.Config{
 			Store: mailboxes, Apps: apps, Log: mlog,
 			SweepEvery: min(cfg.Mailbox.Idle/4, time.Minute), MaxEnvelope: cfg.Mailbox.MaxEnvelope,
-			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg, r.turn), Push: pushers, DetachSockets: true,
+			Metrics: mailbox.NewMetrics(reg), ICE: iceConfig(cfg, r.turn), Push: pushers, DetachSockets: true, Parker: r.parker,
 			Signals: r.signals(), CORS: cors.New(cfg.CORS, mailbox.CORSRules()),
 		})
 		if err != nil {
@@ -492,6 +499,9 @@ func (r *relay) closeAll() error {
 	_ = os.Remove(filepath.Join(r.cfg.DataDir, adminTokenFile))
 	for _, c := range r.closers {
 		errs = append(errs, c())
+	}
+	if r.parker != nil {
+		errs = append(errs, r.parker.Close())
 	}
 	if r.cluster != nil {
 		errs = append(errs, r.cluster.Close())

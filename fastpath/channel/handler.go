@@ -55,6 +55,10 @@ type Config struct {
 	// DetachSockets serves sockets off fasthttp's hijack goroutine (see
 	// ws.Options.Detach); the server must keep hijacked connections.
 	DetachSockets bool
+	// Parker, with DetachSockets, parks idle control sockets and phone
+	// channels off their goroutines (ws.Options.Parker); nil: a reader
+	// goroutine per socket.
+	Parker *ws.Parker
 }
 
 // Handler serves the private channel relay's HTTP and WebSocket endpoints.

@@ -19,6 +19,7 @@ func (h *Handler) wsOptions(maxMessage int) ws.Options {
 		OverflowCode: ws.ClosePolicyViolation,
 		PingInterval: h.cfg.PingInterval,
 		Detach:       h.cfg.DetachSockets,
+		Parker:       h.cfg.Parker,
 	}
 }
 
@@ -48,60 +49,70 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 	// that, so that the computer's next socket is not refused for one
 	// never opened. Ending it closes the computer's phones with 1001.
 	ws.Upgrade(ctx, h.wsOptions(maxControlFrame), "", hc.End, func(conn *ws.Conn) {
-		defer hc.End()
 		if !h.group.Add(conn) {
+			hc.End()
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
-		defer h.group.Remove(conn)
 		if !hc.Attach(conn) { // released while the upgrade was in flight
+			h.group.Remove(conn)
+			hc.End()
 			conn.Close(ws.CloseNormal, "")
 			return
 		}
 		h.m.computers.Inc()
-		defer h.m.computers.Dec()
 		h.log.Info("control socket open", "host", k.Host)
-		h.readControl(k.Host, hc, conn)
-		h.log.Info("control socket closed", "host", k.Host, "code", conn.CloseCode())
+		r := &controlReader{h: h, host: k.Host, hc: hc, conn: conn}
+		conn.Serve(r.frame, func(error) {
+			h.m.computers.Dec()
+			h.group.Remove(conn)
+			hc.End()
+			h.log.Info("control socket closed", "host", k.Host, "code", conn.CloseCode())
+		})
 	})
 }
 
-// readControl reads the computer's control frames until the socket ends.
-// A malformed frame closes the socket with 1008.
-func (h *Handler) readControl(host string, hc route.ChannelHost, conn *ws.Conn) {
-	scratch := make([]byte, 0, 1024)
-	// msg's id goes to the router by pointer, through an interface, so
-	// it lives on the heap: once per socket, not once per frame.
-	var msg control.Message
-	for {
-		op, frame, err := conn.ReadMessage()
-		if err != nil {
-			return
-		}
-		if op != ws.OpText {
-			h.m.malformed.Inc()
-			conn.Close(ws.ClosePolicyViolation, "binary control frame")
-			return
-		}
-		msg, scratch, err = control.Parse(frame, scratch)
-		if err != nil {
-			h.m.malformed.Inc()
-			h.log.Info("malformed control frame", "host", host, "err", err)
-			conn.Close(ws.ClosePolicyViolation, "malformed control frame")
-			return
-		}
-		// An id that is gone (the phone just left) or another computer's
-		// reaches nobody.
-		if msg.Type == control.TypeClose {
-			hc.ClosePhone(&msg.ID)
-		} else if hc.ToPhone(&msg.ID, msg.Data) {
-			h.m.toPhone.Inc()
-		}
-		// Frames above the pooled size should not pin memory.
-		if cap(scratch) > 4*MaxFrame {
-			scratch = make([]byte, 0, 1024)
-		}
+// A controlReader takes the computer's control frames. A malformed frame
+// closes the socket with 1008.
+type controlReader struct {
+	h    *Handler
+	host string
+	hc   route.ChannelHost
+	conn *ws.Conn
+	// scratch is the parser's, grown on the first data frame: an idle
+	// control socket keeps none. msg's id goes to the router by pointer,
+	// through an interface: a field, so once per socket, not per frame.
+	scratch []byte
+	msg     control.Message
+}
+
+func (r *controlReader) frame(op int, frame []byte) bool {
+	h := r.h
+	if op != ws.OpText {
+		h.m.malformed.Inc()
+		r.conn.Close(ws.ClosePolicyViolation, "binary control frame")
+		return false
 	}
+	var err error
+	r.msg, r.scratch, err = control.Parse(frame, r.scratch)
+	if err != nil {
+		h.m.malformed.Inc()
+		h.log.Info("malformed control frame", "host", r.host, "err", err)
+		r.conn.Close(ws.ClosePolicyViolation, "malformed control frame")
+		return false
+	}
+	// An id that is gone (the phone just left) or another computer's
+	// reaches nobody.
+	if r.msg.Type == control.TypeClose {
+		r.hc.ClosePhone(&r.msg.ID)
+	} else if r.hc.ToPhone(&r.msg.ID, r.msg.Data) {
+		h.m.toPhone.Inc()
+	}
+	// Frames above the pooled size should not pin memory.
+	if cap(r.scratch) > 4*MaxFrame {
+		r.scratch = nil
+	}
+	return true
 }
 
 // openPhone upgrades GET /botharness-device/channel into a phone channel.
@@ -142,22 +153,28 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 	// before Attach) gives it back when fasthttp drops the connection
 	// before serve runs.
 	ws.Upgrade(ctx, h.wsOptions(MaxFrame), "", hp.End, func(conn *ws.Conn) {
-		defer hp.End()
 		if !h.group.Add(conn) {
+			hp.End()
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
-		defer h.group.Remove(conn)
 		actx, cancel := context.WithTimeout(context.Background(), routeTimeout)
 		attached := hp.Attach(actx, conn)
 		cancel()
 		if !attached {
+			h.group.Remove(conn)
+			hp.End()
 			conn.Close(ws.CloseGoingAway, "computer offline")
 			return
 		}
 		h.m.phones.Inc()
-		defer h.m.phones.Dec()
-		h.readPhone(hp, conn)
+		conn.Serve(func(op int, frame []byte) bool {
+			return h.phoneFrame(hp, conn, op, frame)
+		}, func(error) {
+			h.m.phones.Dec()
+			h.group.Remove(conn)
+			hp.End()
+		})
 	})
 }
 
@@ -173,21 +190,17 @@ func refuseHandshake(ctx *fasthttp.RequestCtx, err error) {
 	httpx.Error(ctx, status, "not a websocket handshake")
 }
 
-// readPhone forwards the phone's frames to its computer, each wrapped in a
-// data control message, until the phone leaves or is closed.
-func (h *Handler) readPhone(hp route.ChannelPhone, conn *ws.Conn) {
-	for {
-		op, frame, err := conn.ReadMessage()
-		if err != nil {
-			return // 1009 for an oversized frame is sent by the reader
-		}
-		if op != ws.OpText {
-			conn.Close(ws.CloseUnsupportedData, "binary frames are not accepted")
-			return
-		}
-		if err := hp.ToHost(frame); err != nil {
-			return // the control socket is gone or being dropped
-		}
-		h.m.toComputer.Inc()
+// phoneFrame forwards one of the phone's frames to its computer, wrapped
+// in a data control message; false ends the phone's reading (1009 for an
+// oversized frame is sent by the reader).
+func (h *Handler) phoneFrame(hp route.ChannelPhone, conn *ws.Conn, op int, frame []byte) bool {
+	if op != ws.OpText {
+		conn.Close(ws.CloseUnsupportedData, "binary frames are not accepted")
+		return false
 	}
+	if err := hp.ToHost(frame); err != nil {
+		return false // the control socket is gone or being dropped
+	}
+	h.m.toComputer.Inc()
+	return true
 }

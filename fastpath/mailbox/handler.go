@@ -51,6 +51,10 @@ type Config struct {
 	// goroutine (see ws.Options.Detach); the server must keep hijacked
 	// connections.
 	DetachSockets bool
+	// Parker, with DetachSockets, parks idle watch and signal sockets off
+	// their goroutines (ws.Options.Parker); nil: a reader goroutine per
+	// socket.
+	Parker *ws.Parker
 	// Now is the clock (time.Now by default); tests move it to refill
 	// buckets and expire mailboxes.
 	Now func() time.Time

@@ -45,6 +45,7 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 		SilenceTimeout: h.cfg.SilenceTimeout,
 		ReadBufferSize: 4096,
 		Detach:         h.cfg.DetachSockets,
+		Parker:         h.cfg.Parker,
 	}
 	me := sideIndex(r.side)
 	frameKey := dirKey(key, r.side)
@@ -56,23 +57,29 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
-		defer h.group.Remove(conn)
 		side, err := h.cfg.Signals.Join(context.Background(), name, me, signalSocket{conn, h.m.slowSignal})
 		if err != nil {
+			h.group.Remove(conn)
 			h.log.Error("signal join failed", "err", err)
 			conn.Close(ws.CloseTryAgainLater, "signal rendezvous unavailable")
 			return
 		}
-		defer side.Leave()
 		// An erase between the request's Open and the join found no
 		// socket to close: ask again now that this one is joined.
 		if !h.stillThere(name, tok) {
+			side.Leave()
+			h.group.Remove(conn)
 			conn.Close(ws.CloseNormal, "mailbox erased")
 			return
 		}
 		h.m.signalSockets.Inc()
-		defer h.m.signalSockets.Dec()
-		h.readSignal(side, conn, frameKey)
+		conn.Serve(func(op int, msg []byte) bool {
+			return h.signalFrame(side, conn, frameKey, op, msg)
+		}, func(error) {
+			h.m.signalSockets.Dec()
+			side.Leave()
+			h.group.Remove(conn)
+		})
 	})
 }
 
@@ -110,29 +117,24 @@ func (h *Handler) stillThere(name string, tok store.Hash) bool {
 	return true
 }
 
-// readSignal forwards binary frames to the other side until the socket
-// ends. Frames are never stored and never read.
-func (h *Handler) readSignal(side routes.SignalSide, conn *ws.Conn, frameKey uint64) {
-	for {
-		op, msg, err := conn.ReadMessage()
-		if err != nil {
-			return
+// signalFrame forwards a binary frame to the other side; false ends the
+// socket's reading. Frames are never stored and never read.
+func (h *Handler) signalFrame(side routes.SignalSide, conn *ws.Conn, frameKey uint64, op int, msg []byte) bool {
+	switch {
+	case op == ws.OpBinary:
+		if ok, _ := h.limits.signalFrames.Take(frameKey, h.cfg.Now().UnixNano()); !ok {
+			conn.Close(ws.ClosePolicyViolation, "signal frames too fast")
+			return false
 		}
-		switch {
-		case op == ws.OpBinary:
-			if ok, _ := h.limits.signalFrames.Take(frameKey, h.cfg.Now().UnixNano()); !ok {
-				conn.Close(ws.ClosePolicyViolation, "signal frames too fast")
-				return
-			}
-			side.Send(msg)
-			h.m.signalFrames.Inc()
-		case string(msg) == "ping":
-			_ = conn.WriteText(pong)
-		default:
-			conn.Close(ws.CloseUnsupportedData, "only binary frames and text ping are accepted")
-			return
-		}
+		side.Send(msg)
+		h.m.signalFrames.Inc()
+	case string(msg) == "ping":
+		_ = conn.WriteText(pong)
+	default:
+		conn.Close(ws.CloseUnsupportedData, "only binary frames and text ping are accepted")
+		return false
 	}
+	return true
 }
 
 // refuseHandshake answers a handshake ws.CheckHandshake refused: 426

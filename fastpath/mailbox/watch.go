@@ -54,28 +54,31 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key 
 		SilenceTimeout: h.cfg.SilenceTimeout,
 		ReadBufferSize: 512,
 		Detach:         h.cfg.DetachSockets,
+		Parker:         h.cfg.Parker,
 	}
 	// The place is the socket's until it ends, and given back by abandon
 	// when fasthttp drops the connection before serve runs. The request's
 	// hold on m ends with the request, so the socket reopens the handle
 	// it keeps: the place holds the mailbox meanwhile.
 	ws.Upgrade(ctx, opts, proto, leave, func(conn *ws.Conn) {
-		defer leave()
 		if !h.group.Add(conn) {
+			leave()
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
-		defer h.group.Remove(conn)
 		h.m.watchers.Inc()
-		defer h.m.watchers.Dec()
-		h.serveWatch(conn, m, r.dir, after)
+		h.serveWatch(conn, m, r.dir, after, func() {
+			h.m.watchers.Dec()
+			h.group.Remove(conn)
+			leave()
+		})
 	})
 }
 
-// serveWatch runs the store's watch beside the socket's read loop: the
+// serveWatch runs the store's watch beside the socket's reading: the
 // watch ending closes the socket with its code, the socket ending stops
-// the watch.
-func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uint64) {
+// the watch and then runs done.
+func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uint64, done func()) {
 	pace := h.cfg.MaxBehind / 2
 	stop, err := m.Watch(context.Background(), dir, store.WatchConfig{
 		After: after,
@@ -97,10 +100,15 @@ func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uin
 	})
 	if err != nil {
 		h.endWatch(conn, err)
+		done()
 		return
 	}
-	defer stop()
-	h.readWatch(m, dir, conn)
+	conn.Serve(func(op int, msg []byte) bool {
+		return h.watchFrame(m, dir, conn, op, msg)
+	}, func(error) {
+		stop()
+		done()
+	})
 }
 
 // endWatch closes a watch socket with the code for why its watch ended.
@@ -122,19 +130,14 @@ func (h *Handler) endWatch(conn *ws.Conn, err error) {
 
 var pong = []byte("pong")
 
-// readWatch answers text ping with pong and marks the reader in the
+// watchFrame answers text ping with pong and marks the reader in the
 // foreground; anything else closes the socket with 1003.
-func (h *Handler) readWatch(m store.Mailbox, dir byte, conn *ws.Conn) {
-	for {
-		op, msg, err := conn.ReadMessage()
-		if err != nil {
-			return
-		}
-		if op != ws.OpText || string(msg) != "ping" {
-			conn.Close(ws.CloseUnsupportedData, "only text ping is accepted")
-			return
-		}
-		m.SetForeground(dir, h.cfg.Now().UnixNano()+int64(foregroundFor))
-		_ = conn.WriteText(pong)
+func (h *Handler) watchFrame(m store.Mailbox, dir byte, conn *ws.Conn, op int, msg []byte) bool {
+	if op != ws.OpText || string(msg) != "ping" {
+		conn.Close(ws.CloseUnsupportedData, "only text ping is accepted")
+		return false
 	}
+	m.SetForeground(dir, h.cfg.Now().UnixNano()+int64(foregroundFor))
+	_ = conn.WriteText(pong)
+	return true
 }

@@ -46,6 +46,13 @@ type Options struct {
 	// queue and the close frame, and then to wait for the peer's close
 	// (see linger in conn.go). Default 5 s.
 	CloseTimeout time.Duration
+	// Parker, with Detach, parks the idle sockets that Serve reads, so
+	// that they hold no goroutine (see park.go). nil: Serve reads on one
+	// goroutine until the socket ends.
+	Parker *Parker
+	// ParkAfter is how long a socket that received a message waits for
+	// the next on its goroutine before it parks. Default DefaultParkAfter.
+	ParkAfter time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -63,6 +70,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 5 * time.Second
+	}
+	if o.ParkAfter <= 0 {
+		o.ParkAfter = DefaultParkAfter
 	}
 }
 
@@ -116,15 +126,39 @@ type Conn struct {
 	lastInput             time.Time    // when the drain last found input
 	tcp                   *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
 
+	// Serving (Serve) and parking (park.go). serving, onMessage, onEnd
+	// and parkable are set once by Serve; gotData (under readMu): a data
+	// message came since the socket last woke.
+	serving, parkable bool
+	gotData           bool
+	// readSinceWake (under readMu): a frame header came since the parker
+	// last woke the socket; true from the start (nothing woke it).
+	readSinceWake bool
+	woke          atomic.Bool // the parker woke the socket: next resets the two above
+	onMessage     func(op int, payload []byte) bool
+	onEnd         func(error)
+	park          parkReg
+	parkState     atomic.Int32
+	silenceBy     atomic.Int64 // unix ns: when a silent socket is closed (SilenceTimeout)
+	silencer      *time.Timer  // closes a silent parked socket; used under readMu
+
 	// Write side. pending collects framed bytes; the writer swaps it with
 	// writing and flushes writing in one system call, so a burst of small
 	// frames costs one write.
 	mu        sync.Mutex
 	pending   []byte
-	inFlight  int // bytes of writing not yet written
+	spare     []byte // the writer's buffer between its runs
+	inFlight  int    // bytes of writing not yet written
 	closing   bool
 	closeCode int
-	wake      chan struct{}
+	// writerOn: a writer goroutine runs (it runs only while something is
+	// queued, and for the close); writerDone: the last one has finished.
+	// wroteData: a data message was queued since the last ping tick.
+	writerOn, writerDone, wroteData bool
+	pinger                          *time.Timer // the ping tick; under mu
+	// writeFn and readFn are c.writeLoop and c.readLoop, made once: a go
+	// statement on a method call would allocate its closure each time.
+	writeFn, readFn func()
 	// drained is closed (and forgotten) after each write and when the
 	// socket starts closing, waking every WaitQueued; made by the first
 	// waiter, so that a socket nobody waits on allocates nothing per write.
@@ -148,12 +182,16 @@ func newConn(nc net.Conn, opts Options) *Conn {
 		br:     bufio.NewReaderSize(nc, opts.ReadBufferSize),
 		opts:   opts,
 		remote: nc.RemoteAddr(),
-		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		tcp:    tcpConnOf(nc),
 	}
 	c.pongSeen.Store(true)
-	go c.writeLoop()
+	c.writeFn, c.readFn = c.writeLoop, c.readLoop
+	if opts.PingInterval > 0 {
+		c.mu.Lock() // the tick reads pinger under mu
+		c.pinger = time.AfterFunc(opts.PingInterval, c.tick)
+		c.mu.Unlock()
+	}
 	return c
 }
 
@@ -181,7 +219,7 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 		// Torn down: nc may belong to someone else once serve returned.
 		return 0, nil, ErrClosed
 	}
-	op, payload, err = c.readMessage()
+	op, payload, err = c.readMessage(false)
 	if err == errQuitting {
 		err = c.drainInput()
 	}
@@ -192,7 +230,9 @@ func (c *Conn) ReadMessage() (op int, payload []byte, err error) {
 // closing, so that ReadMessage turns to draining.
 var errQuitting = errors.New("ws: closing")
 
-func (c *Conn) readMessage() (op int, payload []byte, err error) {
+// readMessage reads the next message; with mayPark, errIdle when nothing
+// came for the park's wait (see readHeader).
+func (c *Conn) readMessage(mayPark bool) (op int, payload []byte, err error) {
 	// A buffer grown by one huge message (an agent client may send up to
 	// 16 MiB) is not kept for the socket's life; messages up to
 	// maxKeptMessage (every channel and mailbox frame) reuse it forever.
@@ -205,7 +245,7 @@ func (c *Conn) readMessage() (op int, payload []byte, err error) {
 		if msgOp < 0 && c.quitting.Load() {
 			return 0, nil, errQuitting
 		}
-		fin, frameOp, n, err := c.readHeader()
+		fin, frameOp, n, err := c.readHeader(mayPark && msgOp < 0)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -248,6 +288,7 @@ func (c *Conn) readMessage() (op int, payload []byte, err error) {
 		if msgOp == OpText && !utf8.Valid(c.msg) {
 			return 0, nil, c.fail(CloseInvalidPayload, "text is not UTF-8")
 		}
+		c.gotData = true
 		return msgOp, c.msg, nil
 	}
 }
@@ -256,20 +297,65 @@ func (c *Conn) readMessage() (op int, payload []byte, err error) {
 //
 // Its first two bytes are peeked, not read: a wait for the next frame that
 // the linger cuts short (a deadline) leaves the stream at a frame boundary.
-func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
+//
+// With mayPark (a served socket that may park, between messages), a wait
+// with nothing buffered is bounded by the park's: none when nothing but
+// control frames came since the socket woke (the deadline is already past:
+// only what is buffered, in bufio or under TLS, is read), ParkAfter
+// otherwise. It ends with errIdle, nothing consumed.
+func (c *Conn) readHeader(mayPark bool) (fin bool, op int, n uint64, err error) {
+	var silenceBy time.Time // zero: no silence rule, or closing
 	if c.opts.SilenceTimeout > 0 && !c.quitting.Load() {
-		_ = c.nc.SetReadDeadline(time.Now().Add(c.opts.SilenceTimeout))
-		// A teardown that set a past deadline just before must not be
-		// undone by the new one (see shutdownSocket), nor the wake of
-		// the linger (see linger).
-		if c.shut.Load() {
-			return false, 0, 0, ErrClosed
+		silenceBy = time.Now().Add(c.opts.SilenceTimeout)
+		c.silenceBy.Store(silenceBy.UnixNano())
+	}
+	idle := mayPark && c.br.Buffered() == 0 && !c.quitting.Load()
+	if !silenceBy.IsZero() || idle {
+		by := silenceBy
+		if idle {
+			// Past: only what is buffered is read. Not for the first
+			// frame after a wake: the parker saw the kernel's input,
+			// which a past deadline would never read (an EOF would wake
+			// the socket again and again).
+			wait := time.Unix(1, 0)
+			if c.gotData || !c.readSinceWake {
+				wait = time.Now().Add(c.opts.ParkAfter)
+			}
+			if by.IsZero() || wait.Before(by) {
+				by = wait
+			}
 		}
-		if c.quitting.Load() {
-			return false, 0, 0, errQuitting
+		if err := c.setReadDeadline(by); err != nil {
+			return false, 0, 0, err
 		}
 	}
 	p, err := c.br.Peek(2)
+	for idle && err != nil && isTimeout(err) && !c.quitting.Load() && !c.shut.Load() {
+		if !silenceBy.IsZero() && !time.Now().Before(silenceBy) {
+			break // silent: closed below, as without parking
+		}
+		if c.br.Buffered() == 0 {
+			return false, 0, 0, errIdle
+		}
+		// Part of a header came: it is waited for like any frame.
+		idle = false
+		if err := c.setReadDeadline(silenceBy); err != nil {
+			return false, 0, 0, err
+		}
+		p, err = c.br.Peek(2)
+	}
+	if err == nil {
+		c.readSinceWake = true
+	}
+	if idle && err == nil {
+		// The frame that starts here has the silence's deadline, or
+		// none; a close meanwhile bounds it by the close's (readFull).
+		by := silenceBy
+		if c.quitting.Load() {
+			by = time.Unix(0, c.closeBy.Load())
+		}
+		_ = c.nc.SetReadDeadline(by)
+	}
 	if err != nil {
 		if c.quitting.Load() && isTimeout(err) && !c.shut.Load() {
 			return false, 0, 0, errQuitting // nothing consumed: drain from here
@@ -308,6 +394,21 @@ func (c *Conn) readHeader() (fin bool, op int, n uint64, err error) {
 		return false, 0, 0, fmt.Errorf("ws: read mask: %w", err)
 	}
 	return fin, op, n, nil
+}
+
+// setReadDeadline sets the read deadline for the wait for a header (the
+// zero time: none). A teardown that set a past deadline just before must
+// not be undone by the new one (see shutdownSocket), nor the wake of the
+// linger (see linger): ErrClosed and errQuitting tell the reader.
+func (c *Conn) setReadDeadline(by time.Time) error {
+	_ = c.nc.SetReadDeadline(by)
+	if c.shut.Load() {
+		return ErrClosed
+	}
+	if c.quitting.Load() {
+		return errQuitting
+	}
+	return nil
 }
 
 // readFull fills p from the socket. The silence deadline set in readHeader
@@ -481,15 +582,34 @@ func (c *Conn) queueFrame(op int, payload []byte, bounded bool) error {
 		return ErrQueueFull
 	}
 	c.pending = appendFrame(c.pending, op, payload)
+	if op < OpClose {
+		c.wroteData = true
+	}
+	start := c.startWriterLocked()
 	c.mu.Unlock()
-	c.signal()
+	if start {
+		go c.writeFn()
+	}
 	return nil
 }
 
-func (c *Conn) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+// startWriterLocked reports whether the caller must start a writer: none
+// runs and the last has not finished. c.mu is held.
+func (c *Conn) startWriterLocked() bool {
+	if c.writerOn || c.writerDone {
+		return false
+	}
+	c.writerOn = true
+	return true
+}
+
+// kick starts a writer unless one runs.
+func (c *Conn) kick() {
+	c.mu.Lock()
+	start := c.startWriterLocked()
+	c.mu.Unlock()
+	if start {
+		go c.writeFn()
 	}
 }
 
@@ -530,7 +650,8 @@ func (c *Conn) close(code int, reason string, dropBacklog bool) {
 		// Bound everything that follows: a peer that stopped reading
 		// cannot hold the writer (and so the socket) past the deadline.
 		_ = c.nc.SetWriteDeadline(by)
-		c.signal()
+		c.kick()
+		c.wake() // a parked reader reads on to find the peer's close
 	})
 }
 
@@ -544,7 +665,8 @@ func (c *Conn) Abort() {
 		c.wakeWaitersLocked()
 		c.mu.Unlock()
 		c.shutdownSocket()
-		c.signal()
+		c.kick()
+		c.wake() // a parked reader ends
 	})
 }
 
@@ -606,6 +728,9 @@ func (c *Conn) linger() {
 	_ = c.nc.SetReadDeadline(time.Now())
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
+	if !c.inputDone {
+		c.acquireReader() // parked: the drain needs a buffer
+	}
 	_ = c.drainInput()
 	c.shutdownSocket() // under readMu: no ReadMessage starts on a closed nc
 }
@@ -638,7 +763,7 @@ func (c *Conn) dropFrames() error {
 			left -= k
 			continue
 		}
-		fin, op, n, err := c.readHeader()
+		fin, op, n, err := c.readHeader(false)
 		switch {
 		case err == errQuitting:
 			continue // a wake-up before the header: nothing was consumed
@@ -745,40 +870,19 @@ const maxKeptMessage = 1 << 20
 // maxIdleBuffer is the largest queue buffer a socket keeps while idle.
 const maxIdleBuffer = 64 << 10
 
+// writeLoop writes what is queued and returns when the queue is empty (a
+// later queueFrame starts another), or once the socket is closed: then it
+// flushes the close frame, lingers (see linger) and finishes the Conn.
 func (c *Conn) writeLoop() {
-	defer close(c.done)
-	defer c.shutdownSocket()
-	var ticker *time.Ticker
-	var tick <-chan time.Time
-	if c.opts.PingInterval > 0 {
-		ticker = time.NewTicker(c.opts.PingInterval)
-		defer ticker.Stop()
-		tick = ticker.C
-	}
-	var writing []byte
 	for {
-		select {
-		case <-c.wake:
-		case <-tick:
-			if !c.pongSeen.Swap(false) && c.opts.SilenceTimeout == 0 {
-				c.Abort()
-				return
-			}
-			// Big buffers go back once per interval: an idle socket
-			// holds little memory, a busy one regrows its spare at
-			// most once per interval.
-			if cap(writing) > maxIdleBuffer {
-				writing = nil
-			}
-			c.mu.Lock()
-			if len(c.pending) == 0 && cap(c.pending) > maxIdleBuffer {
-				c.pending = nil
-			}
-			c.mu.Unlock()
-			_ = c.queueFrame(OpPing, nil, false)
-			continue
-		}
 		c.mu.Lock()
+		if len(c.pending) == 0 && !c.closing {
+			c.writerOn = false
+			c.mu.Unlock()
+			return
+		}
+		writing := c.spare
+		c.spare = nil
 		writing, c.pending = c.pending, writing[:0]
 		c.inFlight = len(writing)
 		closing := c.closing
@@ -795,22 +899,29 @@ func (c *Conn) writeLoop() {
 			}
 			c.wakeWaitersLocked()
 			// Without pings, big buffers go back as soon as the queue
-			// is empty (with pings, at the next tick, so that bursts
-			// do not regrow them each time). Never while more is
-			// queued: a socket under steady load would grow a new
-			// buffer for every write.
-			idle := tick == nil && len(c.pending) == 0
-			if idle && cap(c.pending) > maxIdleBuffer {
-				c.pending = nil
+			// is empty (with pings, at the tick, so that bursts do not
+			// regrow them each time). Never while more is queued: a
+			// socket under steady load would grow a new buffer for
+			// every write.
+			if c.opts.PingInterval == 0 && len(c.pending) == 0 {
+				if cap(c.pending) > maxIdleBuffer {
+					c.pending = nil
+				}
+				if cap(writing) > maxIdleBuffer {
+					writing = nil
+				}
 			}
+			c.spare = writing[:0]
 			c.mu.Unlock()
 			if err != nil {
 				c.Abort()
+				c.endWriter()
 				return
 			}
-			if idle && cap(writing) > maxIdleBuffer {
-				writing = nil
-			}
+		} else {
+			c.mu.Lock()
+			c.spare = writing
+			c.mu.Unlock()
 		}
 		if closing {
 			c.mu.Lock()
@@ -818,18 +929,65 @@ func (c *Conn) writeLoop() {
 			c.mu.Unlock()
 			if !more {
 				c.linger()
+				c.endWriter()
 				return
 			}
-			c.signal()
 		}
 	}
+}
+
+// endWriter finishes the Conn once its last write is done.
+func (c *Conn) endWriter() {
+	c.shutdownSocket()
+	c.mu.Lock()
+	c.writerOn, c.writerDone = false, true
+	if c.pinger != nil {
+		c.pinger.Stop()
+	}
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// tick is the ping timer's: a socket that did not answer the last ping is
+// aborted (without SilenceTimeout), queue buffers of a socket that sent
+// no data since the last tick go back, and the next ping is queued.
+func (c *Conn) tick() {
+	if !c.pongSeen.Swap(false) && c.opts.SilenceTimeout == 0 {
+		c.Abort()
+		return
+	}
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	// Big buffers go back once per interval: an idle socket holds little
+	// memory, a busy one regrows its spare at most once per interval. A
+	// socket that queued no data for a whole interval keeps none.
+	limit := maxIdleBuffer
+	if !c.wroteData {
+		limit = 0
+	}
+	c.wroteData = false
+	if len(c.pending) == 0 && cap(c.pending) > limit {
+		c.pending = nil
+	}
+	if cap(c.spare) > limit {
+		c.spare = nil
+	}
+	c.pinger.Reset(c.opts.PingInterval)
+	c.mu.Unlock()
+	_ = c.queueFrame(OpPing, nil, false)
 }
 
 // shutdownSocket ends the TCP connection. A deadline in the past wakes the
 // reading goroutine even when Close is deferred by the HTTP server (fasthttp
 // closes a hijacked connection only after its handler returns).
 func (c *Conn) shutdownSocket() {
-	c.shut.Store(true)
+	if c.shut.Swap(true) {
+		return // torn down already, or being torn down by another goroutine
+	}
+	c.park.unregister() // before the fd can go to another socket
 	_ = c.nc.SetDeadline(time.Unix(1, 0))
 	_ = c.nc.Close()
 }

@@ -27,6 +27,27 @@ import (
 	"edgerelay/fastpath/ws"
 )
 
+// testParker, when WS_TEST_PARK=1, serves every test server's sockets
+// detached and parked, and the collector and echo read through Serve:
+// make test runs the package both ways.
+var testParker *ws.Parker
+
+func TestMain(m *testing.M) {
+	if os.Getenv("WS_TEST_PARK") == "1" {
+		p, err := ws.NewParker()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "WS_TEST_PARK=1:", err)
+			os.Exit(2)
+		}
+		testParker = p
+	}
+	code := m.Run()
+	if testParker != nil {
+		_ = testParker.Close()
+	}
+	os.Exit(code)
+}
+
 // waitTimeout bounds every wait for something that should happen promptly;
 // it only matters when a test is about to fail.
 const waitTimeout = 10 * time.Second
@@ -62,7 +83,11 @@ func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn
 		conns: make(chan *ws.Conn, 16),
 		stop:  make(chan struct{}),
 	}
+	if testParker != nil && opts.Parker == nil {
+		opts.Parker, opts.Detach = testParker, true
+	}
 	srv := &fasthttp.Server{
+		KeepHijackedConns: opts.Detach, // Detach needs it
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			if err := ws.CheckHandshake(ctx); err != nil {
 				ctx.Error(err.Error(), fasthttp.StatusBadRequest) // resets the headers: Refusal after it
@@ -139,6 +164,13 @@ type collector struct {
 func newCollector() *collector { return &collector{events: make(chan message, 256)} }
 
 func (col *collector) serve(c *ws.Conn) {
+	if testParker != nil {
+		c.Serve(func(op int, p []byte) bool {
+			col.events <- message{op: op, data: bytes.Clone(p)}
+			return true
+		}, func(err error) { col.events <- message{err: err} })
+		return
+	}
 	for {
 		op, p, err := c.ReadMessage()
 		if err != nil {
@@ -197,6 +229,15 @@ func expectCloseError(t testing.TB, err error, code int, byPeer bool) *ws.CloseE
 
 // echo is a serve function that sends every message back with its type.
 func echo(c *ws.Conn) {
+	if testParker != nil {
+		c.Serve(func(op int, p []byte) bool {
+			if op == ws.OpText {
+				return c.WriteText(p) == nil
+			}
+			return c.WriteBinary(p) == nil
+		}, func(error) {})
+		return
+	}
 	for {
 		op, p, err := c.ReadMessage()
 		if err != nil {

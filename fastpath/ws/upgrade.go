@@ -133,11 +133,13 @@ func run(nc net.Conn, resp []byte, opts Options, serve func(*Conn)) {
 	_, werr := nc.Write(resp)
 	_ = nc.SetDeadline(time.Time{})
 	c := newConn(nc, opts)
-	defer c.finish()
 	if werr != nil {
 		c.Abort() // serve still runs: its first read fails and it cleans up
 	}
 	serve(c)
+	if !c.serving {
+		c.finish()
+	} // else the end of Serve's reading finishes it
 }
 
 func acceptKey(key []byte) string {

@@ -115,6 +115,7 @@ type Limits struct {
 	HeaderTimeout  time.Duration // RELAY_HEADER_TIMEOUT
 	IdleTimeout    time.Duration // RELAY_IDLE_TIMEOUT: keep-alive idle, plain HTTP
 	MaxHeaderBytes int           // RELAY_MAX_HEADER_BYTES
+	ParkSockets    bool          // RELAY_WS_PARK: idle WebSockets off their goroutines
 }
 
 // MailboxConfig is the configuration that shapes the mailbox protocol.
@@ -228,6 +229,7 @@ func (v *Values) Config() (Config, error) {
 			HeaderTimeout:  v.Duration(EnvHeaderTimeout),
 			IdleTimeout:    v.Duration(EnvIdleTimeout),
 			MaxHeaderBytes: v.Int(EnvMaxHeaderBytes),
+			ParkSockets:    v.Bool(EnvWSPark),
 		},
 		Mailbox: MailboxConfig{
 			Apps:           v.String(EnvApps),

@@ -284,6 +284,8 @@ func table() []Setting {
 		"How long a keep-alive plain-HTTP connection may sit idle between requests.")
 	add(GroupLimits, EnvMaxHeaderBytes, KindInt, "8192",
 		"Largest request header block in bytes; a larger request is refused.")
+	add(GroupLimits, EnvWSPark, KindBool, "true",
+		"Park idle WebSockets (mailbox watch and signal, control sockets, phone channels) off their goroutines in an epoll set until they have something to read (Linux; elsewhere ignored): an idle socket then costs a few KiB instead of two goroutine stacks. false: a reader goroutine per socket.")
 
 	add(GroupCluster, EnvNodeName, KindString, "",
 		"This node's name, unique in the cluster and the same across its restarts (JetStream places replicas by it); empty: the host name.")
@@ -388,6 +390,7 @@ const (
 	EnvHeaderTimeout      = "RELAY_HEADER_TIMEOUT"
 	EnvIdleTimeout        = "RELAY_IDLE_TIMEOUT"
 	EnvMaxHeaderBytes     = "RELAY_MAX_HEADER_BYTES"
+	EnvWSPark             = "RELAY_WS_PARK"
 )
 
 // EnvAgentInstanceQueueBytes bounds what one agent instance's clients hold

@@ -1,0 +1,189 @@
+package ws
+
+import (
+	"errors"
+	"time"
+)
+
+// Parking idle sockets. Most sockets of a relay are idle: a device's watch,
+// a computer's control socket, a phone's channel wait for minutes between
+// frames. A goroutine blocked in a read holds its stack (several KiB) the
+// whole time; a million idle sockets would hold gigabytes. With a Parker
+// (Options.Parker, Linux), a socket served by Conn.Serve gives its reading
+// goroutine back when it has nothing to read: its read buffer returns to a
+// pool and the socket waits in the parker's epoll set. Readability, a
+// close or a timer (ping, silence) wakes it onto a fresh goroutine, which
+// reads what came and parks again. Writes never need the reader: the
+// writer goroutine runs only while something is queued, and pings come
+// from a timer. What an idle socket keeps is the Conn itself, its timer and
+// the kernel's buffers.
+//
+// When a socket parks: at once when nothing has come since it last woke
+// but control frames (a pong answering the server's ping), else after
+// ParkAfter without input, and only at a message boundary (a fragmented
+// message in progress holds its goroutine) with nothing buffered.
+
+// ErrParkUnsupported: this build cannot park sockets (not Linux, or built
+// with the nopark tag); serve them without a Parker.
+var ErrParkUnsupported = errors.New("ws: parking idle sockets needs Linux (epoll)")
+
+// DefaultParkAfter is how long a socket that received data waits on its
+// goroutine for more before it parks.
+const DefaultParkAfter = time.Second
+
+// The reading states of a served socket.
+const (
+	stateReading int32 = iota // a goroutine reads (or is about to)
+	stateParked               // no goroutine: the parker or a close wakes it
+	stateEnded                // reading is over
+)
+
+// errIdle: nothing came for the park's wait; the stream is at a message
+// boundary with nothing buffered.
+var errIdle = errors.New("ws: idle")
+
+// Serve hands the socket's reading to the Conn: onMessage gets each text
+// or binary message (the payload aliases a buffer reused once it returns)
+// and returns false once it has closed the socket itself; onEnd runs once,
+// when reading has ended, with why (what ReadMessage would have returned:
+// the peer's *CloseError, the server's for a protocol error, or the
+// connection's error; nil when onMessage returned false), before the Conn
+// finishes. Call it at most once, as the last
+// thing the function given to Upgrade does.
+//
+// With Options.Parker and Detach, Serve returns as soon as the socket is
+// idle, and the socket lives on without a goroutine: onMessage and onEnd
+// then run on goroutines of their own. Otherwise Serve returns once the
+// socket has ended. onMessage may block (a bounded queue waiting for
+// room): that holds this socket's reading only.
+func (c *Conn) Serve(onMessage func(op int, payload []byte) bool, onEnd func(error)) {
+	c.serving, c.readSinceWake = true, true
+	c.onMessage, c.onEnd = onMessage, onEnd
+	if c.opts.Detach && c.opts.Parker != nil && c.tcp != nil {
+		if rc, err := c.tcp.SyscallConn(); err == nil {
+			c.parkable = c.park.register(c.opts.Parker, rc, c)
+		}
+	}
+	c.readLoop()
+}
+
+// errParked: the socket parked; its reading goroutine returns.
+var errParked = errors.New("ws: parked")
+
+// readLoop reads messages into onMessage until the socket parks or ends.
+func (c *Conn) readLoop() {
+	for {
+		op, p, err := c.next()
+		if err == errParked {
+			return
+		}
+		if err != nil || !c.onMessage(op, p) {
+			c.parkState.Store(stateEnded)
+			c.onEnd(err)
+			c.finish()
+			return
+		}
+	}
+}
+
+// next is ReadMessage for Serve: errParked once the socket has parked.
+func (c *Conn) next() (op int, payload []byte, err error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	for {
+		if c.inputDone {
+			return 0, nil, c.inputEnd
+		}
+		if c.shut.Load() {
+			return 0, nil, ErrClosed
+		}
+		c.acquireReader()
+		if c.woke.Swap(false) {
+			c.gotData, c.readSinceWake = false, false
+		}
+		op, payload, err = c.readMessage(c.parkable)
+		switch err {
+		case errQuitting:
+			err = c.drainInput()
+		case errIdle:
+			if c.parkNow() {
+				return 0, nil, errParked
+			}
+			continue // closed meanwhile: read on to the close
+		}
+		return op, payload, err
+	}
+}
+
+// acquireReader gives a parked socket its read buffer back; readMu is
+// held.
+func (c *Conn) acquireReader() {
+	if c.br == nil {
+		c.br = c.opts.Parker.getReader(c.opts.ReadBufferSize, c.nc)
+	}
+}
+
+// maxParkedMessage is the largest message buffer a parked socket keeps
+// (a watch's "ping"); bigger ones are dropped and regrown on the next
+// message after a wake.
+const maxParkedMessage = 256
+
+// parkNow parks the socket (readMu held, nothing buffered): its buffers go
+// back and it waits in the parker's set. False when it cannot park (it is
+// closing, or the set refused it): the caller reads on.
+func (c *Conn) parkNow() bool {
+	c.opts.Parker.putReader(c.br)
+	c.br = nil
+	if cap(c.msg) > maxParkedMessage {
+		c.msg = nil
+	}
+	c.parkState.Store(stateParked)
+	// A close sets quitting (or shut) and then wakes a parked reader: one
+	// of the two sees the other, and exactly one wins the swap back.
+	c.opts.Parker.noteParked(1)
+	if c.quitting.Load() || c.shut.Load() || !c.armSilence() || c.park.arm() != nil {
+		if c.parkState.CompareAndSwap(stateParked, stateReading) {
+			c.opts.Parker.noteParked(-1)
+			return false
+		}
+		return true // a close took it over (and counted it out)
+	}
+	return true
+}
+
+// armSilence sets the timer that closes the socket with 1001 when it stays
+// parked past the silence's deadline; false when that has passed.
+func (c *Conn) armSilence() bool {
+	if c.opts.SilenceTimeout <= 0 {
+		return true
+	}
+	left := time.Until(time.Unix(0, c.silenceBy.Load()))
+	if left <= 0 {
+		return false
+	}
+	if c.silencer == nil {
+		c.silencer = time.AfterFunc(left, c.silent)
+	} else {
+		c.silencer.Reset(left)
+	}
+	return true
+}
+
+// silent closes a socket that stayed parked past the silence's deadline.
+// A timer that fires as the socket wakes finds it reading and does
+// nothing: the reader has its own deadline.
+func (c *Conn) silent() {
+	if c.parkState.Load() == stateParked && time.Now().UnixNano() >= c.silenceBy.Load() {
+		c.Close(CloseGoingAway, "silent too long")
+	}
+}
+
+// wake puts a parked socket's reading back on a goroutine: the parker's
+// event, or a close. Any other state ignores it.
+func (c *Conn) wake() {
+	if c.parkState.CompareAndSwap(stateParked, stateReading) {
+		c.opts.Parker.noteParked(-1)
+		c.woke.Store(true)
+		go c.readFn()
+	}
+}
