@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"edgerelay/fastpath/park"
 )
 
 // Options bound one connection. Zero values take the defaults noted.
@@ -137,7 +139,7 @@ type Conn struct {
 	woke          atomic.Bool // the parker woke the socket: next resets the two above
 	onMessage     func(op int, payload []byte) bool
 	onEnd         func(error)
-	park          parkReg
+	park          park.Reg
 	parkState     atomic.Int32
 	silenceBy     atomic.Int64 // unix ns: when a silent socket is closed (SilenceTimeout)
 	silencer      *time.Timer  // closes a silent parked socket; used under readMu
@@ -987,7 +989,7 @@ func (c *Conn) shutdownSocket() {
 	if c.shut.Swap(true) {
 		return // torn down already, or being torn down by another goroutine
 	}
-	c.park.unregister() // before the fd can go to another socket
+	c.park.Unregister() // before the fd can go to another socket
 	_ = c.nc.SetDeadline(time.Unix(1, 0))
 	_ = c.nc.Close()
 }

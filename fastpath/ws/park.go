@@ -3,6 +3,8 @@ package ws
 import (
 	"errors"
 	"time"
+
+	"edgerelay/fastpath/park"
 )
 
 // Parking idle sockets. Most sockets of a relay are idle: a device's watch,
@@ -23,9 +25,16 @@ import (
 // ParkAfter without input, and only at a message boundary (a fragmented
 // message in progress holds its goroutine) with nothing buffered.
 
+// A Parker holds parked sockets: a park.Set (one epoll set and its
+// goroutine) shared by every service.
+type Parker = park.Set
+
+// NewParker starts a Parker; ErrParkUnsupported where this build has none.
+func NewParker() (*Parker, error) { return park.New() }
+
 // ErrParkUnsupported: this build cannot park sockets (not Linux, or built
 // with the nopark tag); serve them without a Parker.
-var ErrParkUnsupported = errors.New("ws: parking idle sockets needs Linux (epoll)")
+var ErrParkUnsupported = park.ErrUnsupported
 
 // DefaultParkAfter is how long a socket that received data waits on its
 // goroutine for more before it parks.
@@ -61,7 +70,7 @@ func (c *Conn) Serve(onMessage func(op int, payload []byte) bool, onEnd func(err
 	c.onMessage, c.onEnd = onMessage, onEnd
 	if c.opts.Detach && c.opts.Parker != nil && c.tcp != nil {
 		if rc, err := c.tcp.SyscallConn(); err == nil {
-			c.parkable = c.park.register(c.opts.Parker, rc, c)
+			c.parkable = c.park.Register(c.opts.Parker, rc, c.wake)
 		}
 	}
 	c.readLoop()
@@ -119,7 +128,7 @@ func (c *Conn) next() (op int, payload []byte, err error) {
 // held.
 func (c *Conn) acquireReader() {
 	if c.br == nil {
-		c.br = c.opts.Parker.getReader(c.opts.ReadBufferSize, c.nc)
+		c.br = c.opts.Parker.GetReader(c.opts.ReadBufferSize, c.nc)
 	}
 }
 
@@ -132,7 +141,7 @@ const maxParkedMessage = 256
 // back and it waits in the parker's set. False when it cannot park (it is
 // closing, or the set refused it): the caller reads on.
 func (c *Conn) parkNow() bool {
-	c.opts.Parker.putReader(c.br)
+	c.opts.Parker.PutReader(c.br)
 	c.br = nil
 	if cap(c.msg) > maxParkedMessage {
 		c.msg = nil
@@ -140,10 +149,10 @@ func (c *Conn) parkNow() bool {
 	c.parkState.Store(stateParked)
 	// A close sets quitting (or shut) and then wakes a parked reader: one
 	// of the two sees the other, and exactly one wins the swap back.
-	c.opts.Parker.noteParked(1)
-	if c.quitting.Load() || c.shut.Load() || !c.armSilence() || c.park.arm() != nil {
+	c.opts.Parker.NoteParked(1)
+	if c.quitting.Load() || c.shut.Load() || !c.armSilence() || c.park.Arm() != nil {
 		if c.parkState.CompareAndSwap(stateParked, stateReading) {
-			c.opts.Parker.noteParked(-1)
+			c.opts.Parker.NoteParked(-1)
 			return false
 		}
 		return true // a close took it over (and counted it out)
@@ -182,7 +191,7 @@ func (c *Conn) silent() {
 // event, or a close. Any other state ignores it.
 func (c *Conn) wake() {
 	if c.parkState.CompareAndSwap(stateParked, stateReading) {
-		c.opts.Parker.noteParked(-1)
+		c.opts.Parker.NoteParked(-1)
 		c.woke.Store(true)
 		go c.readFn()
 	}

@@ -1,6 +1,6 @@
 //go:build linux && !nopark
 
-package ws
+package park
 
 import (
 	"bufio"
@@ -14,31 +14,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The Linux parker: one epoll set, one goroutine waiting on it. A parked
-// socket is registered one-shot (EPOLLONESHOT), level-triggered: arming
-// it with bytes already queued in the kernel reports them at once, so a
-// frame that arrives while the reader is on its way out is never missed,
-// and each arming yields at most one wake.
-//
-// The epoll set is separate from the Go runtime's own: the runtime keeps
-// the fd registered edge-triggered for the reads a woken socket makes
-// through net.Conn, and the kernel lets one fd sit in several sets.
-//
-// epoll's per-event data cannot hold a Go pointer (the collector would not
-// see it), so it holds a slot of the parker's table and the slot's
-// generation: an event harvested for a socket that has since ended and
-// whose slot went to another socket is recognised as stale and dropped.
-
-// parkSupported: this build parks idle sockets.
-const parkSupported = true
-
 // maxEvents is how many readiness events one epoll_wait harvests.
 const maxEvents = 256
 
-// Parker holds idle sockets off their goroutines (see Options.Parker). One
-// Parker serves any number of sockets of any number of services; it runs
-// one goroutine until Close.
-type Parker struct {
+// A Set holds sockets waiting to become readable. One Set serves any
+// number of sockets of any number of services; it runs one goroutine
+// until Close.
+type Set struct {
 	epfd, wakefd int
 
 	mu    sync.Mutex
@@ -54,43 +36,39 @@ type Parker struct {
 	parked atomic.Int64 // sockets parked now
 }
 
-// A parkSlot is one parked (or parkable) socket's entry.
+// A parkSlot is one registered socket's entry: what its event calls.
 type parkSlot struct {
-	w   waker
-	gen uint32
+	wake func()
+	gen  uint32
 }
 
-// A waker is what a parker wakes: a socket whose one-shot registration
-// fired.
-type waker interface{ wake() }
-
-// NewParker starts a parker.
-func NewParker() (*Parker, error) {
+// New starts a set.
+func New() (*Set, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("ws: epoll_create1: %w", err)
+		return nil, fmt.Errorf("park: epoll_create1: %w", err)
 	}
 	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		_ = unix.Close(epfd)
-		return nil, fmt.Errorf("ws: eventfd: %w", err)
+		return nil, fmt.Errorf("park: eventfd: %w", err)
 	}
 	// The eventfd's data is a slot no socket ever has: -1.
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: -1, Pad: 0}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
 		_ = unix.Close(epfd)
 		_ = unix.Close(wakefd)
-		return nil, fmt.Errorf("ws: epoll_ctl eventfd: %w", err)
+		return nil, fmt.Errorf("park: epoll_ctl eventfd: %w", err)
 	}
-	p := &Parker{epfd: epfd, wakefd: wakefd, stopped: make(chan struct{})}
+	p := &Set{epfd: epfd, wakefd: wakefd, stopped: make(chan struct{})}
 	go p.poll()
 	return p, nil
 }
 
-// Close stops the parker's goroutine and frees its epoll set. Sockets
-// still parked stay parked until their timers or a close wakes them; call
-// it once every service using the parker has drained.
-func (p *Parker) Close() error {
+// Close stops the set's goroutine and frees its epoll set. Sockets still
+// registered are not woken by it any more; call it once every service
+// using the set has drained.
+func (p *Set) Close() error {
 	p.closeOnce.Do(func() {
 		one := [8]byte{1}
 		_, _ = unix.Write(p.wakefd, one[:])
@@ -101,24 +79,25 @@ func (p *Parker) Close() error {
 	return nil
 }
 
-// Parked is the number of sockets parked now (without a goroutine).
-func (p *Parker) Parked() int { return int(p.parked.Load()) }
+// Parked is the number of sockets parked now (see NoteParked).
+func (p *Set) Parked() int { return int(p.parked.Load()) }
 
 // Registered is the number of sockets that may park: served, with a slot,
 // not yet ended.
-func (p *Parker) Registered() int {
+func (p *Set) Registered() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.slots) - len(p.free)
 }
 
-// noteParked counts a socket into (1) or out of (-1) the parked.
-func (p *Parker) noteParked(d int64) { p.parked.Add(d) }
+// NoteParked counts a socket into (1) or out of (-1) the parked: the
+// owner of the socket knows when it holds no goroutine.
+func (p *Set) NoteParked(d int64) { p.parked.Add(d) }
 
-func (p *Parker) poll() {
+func (p *Set) poll() {
 	defer close(p.stopped)
 	var events [maxEvents]unix.EpollEvent
-	wakers := make([]waker, 0, maxEvents)
+	wakers := make([]func(), 0, maxEvents)
 	for {
 		n, err := unix.EpollWait(p.epfd, events[:], -1)
 		if err != nil {
@@ -135,20 +114,20 @@ func (p *Parker) poll() {
 				p.mu.Unlock()
 				return // Close
 			}
-			if int(slot) < len(p.slots) && p.slots[slot].gen == gen && p.slots[slot].w != nil {
-				wakers = append(wakers, p.slots[slot].w)
+			if int(slot) < len(p.slots) && p.slots[slot].gen == gen && p.slots[slot].wake != nil {
+				wakers = append(wakers, p.slots[slot].wake)
 			}
 		}
 		p.mu.Unlock()
-		for _, w := range wakers {
-			w.wake()
+		for _, wake := range wakers {
+			wake()
 		}
 		clear(wakers)
 	}
 }
 
-// take gives w a slot and returns the slot and its generation.
-func (p *Parker) take(w waker) (int32, uint32) {
+// take gives wake a slot and returns the slot and its generation.
+func (p *Set) take(wake func()) (int32, uint32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var slot int32
@@ -161,24 +140,24 @@ func (p *Parker) take(w waker) (int32, uint32) {
 	}
 	s := &p.slots[slot]
 	s.gen++
-	s.w = w
+	s.wake = wake
 	return slot, s.gen
 }
 
 // give frees slot; an event still in flight for it is dropped (its
 // generation no longer matches once the slot is taken again).
-func (p *Parker) give(slot int32) {
+func (p *Set) give(slot int32) {
 	p.mu.Lock()
-	p.slots[slot].w = nil
+	p.slots[slot].wake = nil
 	p.free = append(p.free, slot)
 	p.mu.Unlock()
 }
 
-// parkReg is a socket's registration with a parker. mu orders arm (the
-// reader's) against unregister (the teardown's, from any goroutine).
-type parkReg struct {
+// A Reg is one socket's registration with a set. mu orders Arm (the
+// socket's reader) against Unregister (its teardown, from any goroutine).
+type Reg struct {
 	mu    sync.Mutex
-	p     *Parker
+	p     *Set
 	rc    syscall.RawConn
 	slot  int32
 	gen   uint32
@@ -189,33 +168,35 @@ type parkReg struct {
 	armFn, removeFn func(fd uintptr)
 }
 
-// register prepares w's socket (rc) for parking; false when it cannot be
-// (no raw socket).
-func (r *parkReg) register(p *Parker, rc syscall.RawConn, w waker) bool {
+// Register prepares the socket rc for waits in p: each Arm then calls
+// wake once, on the set's goroutine (wake must not block: it hands the
+// socket to a goroutine of its own). False when it cannot be (no set, no
+// raw socket).
+func (r *Reg) Register(p *Set, rc syscall.RawConn, wake func()) bool {
 	if p == nil || rc == nil {
 		return false
 	}
 	r.p, r.rc = p, rc
-	r.slot, r.gen = p.take(w)
+	r.slot, r.gen = p.take(wake)
 	r.armFn, r.removeFn = r.armOn, r.removeFrom
 	return true
 }
 
-// arm waits (once) for the socket to be readable or hung up; the
-// parker's goroutine then calls wake.
-func (r *parkReg) arm() error {
+// Arm waits (once) for the socket to be readable or hung up; the set's
+// goroutine then calls wake. ErrClosed once Unregister has run.
+func (r *Reg) Arm() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.p == nil {
-		return ErrClosed // torn down
+		return ErrClosed
 	}
 	if err := r.rc.Control(r.armFn); err != nil {
-		return fmt.Errorf("ws: park: %w", err)
+		return fmt.Errorf("park: arm: %w", err)
 	}
 	return r.err
 }
 
-func (r *parkReg) armOn(fd uintptr) {
+func (r *Reg) armOn(fd uintptr) {
 	ev := unix.EpollEvent{
 		Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
 		Fd:     r.slot,
@@ -231,10 +212,10 @@ func (r *parkReg) armOn(fd uintptr) {
 	}
 }
 
-// unregister takes the socket out of the set and frees its slot; it runs
+// Unregister takes the socket out of the set and frees its slot. Call it
 // before the socket is closed, so that no later socket given the same fd
-// number inherits the registration.
-func (r *parkReg) unregister() {
+// number inherits the registration; any number of times.
+func (r *Reg) Unregister() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.p == nil {
@@ -247,13 +228,15 @@ func (r *parkReg) unregister() {
 	r.p = nil
 }
 
-func (r *parkReg) removeFrom(fd uintptr) {
+func (r *Reg) removeFrom(fd uintptr) {
 	r.err = unix.EpollCtl(r.p.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
 	r.added = false
 }
 
-// getReader is a read buffer of size bytes over r, from the pool.
-func (p *Parker) getReader(size int, r io.Reader) *bufio.Reader {
+// GetReader is a read buffer of size bytes over r, from the set's pool:
+// a socket that waits gives its buffer back (PutReader) and takes one
+// again when it wakes.
+func (p *Set) GetReader(size int, r io.Reader) *bufio.Reader {
 	if v := p.readerPool(size).Get(); v != nil {
 		br := v.(*bufio.Reader)
 		br.Reset(r)
@@ -262,15 +245,15 @@ func (p *Parker) getReader(size int, r io.Reader) *bufio.Reader {
 	return bufio.NewReaderSize(r, size)
 }
 
-// putReader gives an empty read buffer back to the pool.
-func (p *Parker) putReader(br *bufio.Reader) {
+// PutReader gives an empty read buffer back to the pool.
+func (p *Set) PutReader(br *bufio.Reader) {
 	br.Reset(nil)
 	p.readerPool(br.Size()).Put(br)
 }
 
 // readerPool is the pool of read buffers of size bytes (services use a
 // handful of sizes: one pool each).
-func (p *Parker) readerPool(size int) *sync.Pool {
+func (p *Set) readerPool(size int) *sync.Pool {
 	p.poolMu.Lock()
 	defer p.poolMu.Unlock()
 	if p.readers == nil {
