@@ -1,7 +1,9 @@
 // Package ws is the server side of RFC 6455 that every relay protocol
 // shares: the upgrade on a fasthttp request, a frame reader that reuses one
-// message buffer, and a connection with exactly one writer goroutine fed by
-// a send queue bounded in bytes.
+// message buffer, and a connection with one writer goroutine at a time fed
+// by a send queue bounded in bytes. The writer runs only while something is
+// queued (pings come from a timer), and with a Parker an idle socket's
+// reader gives its goroutine back too (park.go): an idle socket holds none.
 //
 // Why not fasthttp/websocket's Conn on the server: its reader allocates a
 // message reader per message and its writer is called from whichever
