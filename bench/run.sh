@@ -11,6 +11,12 @@
 #   - the memory of 10,000 idle mailbox watch sockets and of 10,000 idle
 #     phone channels per relay (RSS per socket, each server a process of
 #     its own);
+#   - idle sockets parked (ws.Parker) beside a reader goroutine per
+#     socket (bench/idlebench, issue 18): RSS per idle watch, signal,
+#     phone and control socket, plain and TLS, at 10,000 each (capped to
+#     the open-file limit, and said so); the added latency and CPU of a
+#     delivery to a parked watch socket; a reconnect storm of 10,000
+#     sockets against the binary's accept limits;
 #   - our TURN server against coturn's turnserver (install it with
 #     .ci/install-coturn.sh): synthetic ChannelData load, and real WebRTC
 #     traffic (two headless Chromium pages over a relay-only data channel:

@@ -159,7 +159,8 @@ func TestWake(t *testing.T) {
 		t.Fatalf("%d and %d rounds, want 1 each", len(rep.Parked), len(rep.Unparked))
 	}
 	for side, r := range [2]WakeRound{rep.Parked[0], rep.Unparked[0]} {
-		if r.Deliveries != deliveries || r.P50 <= 0 || r.P99 < r.P50 || r.CPUPerDelivery <= 0 {
+		if r.Deliveries != deliveries || r.P50 <= 0 || r.P99 < r.P50 || r.CPUPerDelivery <= 0 ||
+			r.Pings != deliveries || r.PingP50 <= 0 || r.PingP99 < r.PingP50 || r.CPUPerPing <= 0 {
 			t.Errorf("%s: %+v", Sides[side], r)
 		}
 	}

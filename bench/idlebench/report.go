@@ -89,6 +89,10 @@ func (r WakeReport) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  parked   p50 %v p99 %v, server CPU %v per delivery\n", r.ParkedP50, r.ParkedP99, r.ParkedCPU)
 	fmt.Fprintf(w, "  unparked p50 %v p99 %v, server CPU %v per delivery\n", r.UnparkedP50, r.UnparkedP99, r.UnparkedCPU)
 	fmt.Fprintf(w, "  added by parking: p50 %v, p99 %v, CPU %v | goal p99 added < %v: %s\n", r.AddedP50, r.AddedP99, r.AddedCPU, GoalAddedP99, verdict)
+	fmt.Fprintf(w, "the client's own wake: a text ping on the watch socket to its pong, %d per server:\n", r.Options.Deliveries)
+	fmt.Fprintf(w, "  parked   p50 %v p99 %v, server CPU %v per ping\n", r.ParkedPingP50, r.ParkedPingP99, r.ParkedPingCPU)
+	fmt.Fprintf(w, "  unparked p50 %v p99 %v, server CPU %v per ping\n", r.UnparkedPingP50, r.UnparkedPingP99, r.UnparkedPingCPU)
+	fmt.Fprintf(w, "  added by parking: p99 %v, CPU %v (no goal set)\n", r.AddedPingP99, r.AddedPingCPU)
 }
 
 // WriteText writes the storm figures and whether each round kept the

@@ -77,6 +77,14 @@ type WakeRound struct {
 	// Parked is how many of the sockets were parked before the first
 	// delivery.
 	Parked int
+	// Pings, PingP50 and PingP99 are the client's own wake of its
+	// socket: a text "ping" written to the watch socket, timed until its
+	// "pong" is read. Parked, the ping's readability is what wakes the
+	// socket onto a goroutine (the delivery above only starts a writer).
+	// CPUPerPing is the server's CPU per ping.
+	Pings            int
+	PingP50, PingP99 time.Duration
+	CPUPerPing       time.Duration
 }
 
 // WakeReport is the outcome of MeasureWake.
@@ -88,6 +96,10 @@ type WakeReport struct {
 	ParkedP50, ParkedP99, UnparkedP50, UnparkedP99 time.Duration
 	ParkedCPU, UnparkedCPU                         time.Duration
 	AddedP50, AddedP99, AddedCPU                   time.Duration
+	// The same for the pings.
+	ParkedPingP50, ParkedPingP99, UnparkedPingP50, UnparkedPingP99 time.Duration
+	ParkedPingCPU, UnparkedPingCPU                                 time.Duration
+	AddedPingP99, AddedPingCPU                                     time.Duration
 }
 
 // MeasureWake measures the cost of waking a parked socket: an envelope
@@ -113,8 +125,9 @@ func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
 			return r, fmt.Errorf("idlebench: wake, %s, round %d: %w", Sides[side], round, err)
 		}
 		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery\n",
-				round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery)
+			fmt.Fprintf(o.Progress, "round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery; %d pings: p50 %v, p99 %v, server CPU %v per ping\n",
+				round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery,
+				r.Pings, r.PingP50, r.PingP99, r.CPUPerPing)
 		}
 		return r, nil
 	})
@@ -133,6 +146,13 @@ func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
 	rep.ParkedCPU, rep.UnparkedCPU = med(rep.Parked, cpu), med(rep.Unparked, cpu)
 	rep.AddedP50, rep.AddedP99 = rep.ParkedP50-rep.UnparkedP50, rep.ParkedP99-rep.UnparkedP99
 	rep.AddedCPU = rep.ParkedCPU - rep.UnparkedCPU
+	pp50 := func(r WakeRound) time.Duration { return r.PingP50 }
+	pp99 := func(r WakeRound) time.Duration { return r.PingP99 }
+	pcpu := func(r WakeRound) time.Duration { return r.CPUPerPing }
+	rep.ParkedPingP50, rep.UnparkedPingP50 = med(rep.Parked, pp50), med(rep.Unparked, pp50)
+	rep.ParkedPingP99, rep.UnparkedPingP99 = med(rep.Parked, pp99), med(rep.Unparked, pp99)
+	rep.ParkedPingCPU, rep.UnparkedPingCPU = med(rep.Parked, pcpu), med(rep.Unparked, pcpu)
+	rep.AddedPingP99, rep.AddedPingCPU = rep.ParkedPingP99-rep.UnparkedPingP99, rep.ParkedPingCPU-rep.UnparkedPingCPU
 	return rep, nil
 }
 
@@ -186,11 +206,80 @@ func wakeOne(ctx context.Context, o WakeOptions, side int) (r WakeRound, err err
 		return r, err
 	}
 	r.Deliveries = len(lat)
-	slices.Sort(lat)
-	r.P50, r.P99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	r.P50, r.P99 = percentiles(lat)
 	r.CPUPerDelivery = u.CPU / time.Duration(r.Deliveries)
 	r.AllocsPerDelivery = float64(u.Mallocs) / float64(r.Deliveries)
+
+	// The pings: a pass pings every socket once, and the next waits
+	// until they have parked again (a socket that read data parks
+	// ws.DefaultParkAfter later), so that every ping meets a parked
+	// socket; only the passes are in the CPU figure.
+	pings := make([]time.Duration, 0, o.Deliveries)
+	var pingCPU time.Duration
+	buf := make([]byte, 64)
+	for len(pings) < o.Deliveries {
+		if side == 0 {
+			if n, err := srv.settleParked(ctx, o.Sockets); err != nil {
+				return r, err
+			} else if n < o.Sockets {
+				return r, fmt.Errorf("%d of %d sockets parked again after a pass of pings", n, o.Sockets)
+			}
+		}
+		u, err := srv.Measure(ctx, func() error {
+			for i := 0; i < o.Sockets && len(pings) < o.Deliveries; i++ {
+				d, err := socks[i].ping(buf)
+				if err != nil {
+					return fmt.Errorf("ping %d (socket %d): %w", len(pings), i, err)
+				}
+				pings = append(pings, d)
+			}
+			return nil
+		})
+		if err != nil {
+			return r, err
+		}
+		pingCPU += u.CPU
+	}
+	r.Pings = len(pings)
+	r.PingP50, r.PingP99 = percentiles(pings)
+	r.CPUPerPing = pingCPU / time.Duration(r.Pings)
 	return r, nil
+}
+
+// percentiles sorts v and returns its p50 and p99.
+func percentiles(v []time.Duration) (p50, p99 time.Duration) {
+	slices.Sort(v)
+	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)]
+}
+
+// maskedPing is a client's text frame "ping", masked (RFC 6455 5.3) with
+// the key 1, 2, 3, 4.
+var maskedPing = func() []byte {
+	key := [4]byte{1, 2, 3, 4}
+	f := []byte{0x81, 0x80 | 4, key[0], key[1], key[2], key[3]}
+	for i, b := range []byte("ping") {
+		f = append(f, b^key[i%4])
+	}
+	return f
+}()
+
+// ping writes "ping" on the socket and returns the time until its "pong"
+// is read.
+func (s *sock) ping(buf []byte) (time.Duration, error) {
+	_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := s.Write(maskedPing); err != nil {
+		return 0, err
+	}
+	for {
+		op, payload, err := s.readFrame(buf)
+		if err != nil {
+			return 0, fmt.Errorf("waiting for the pong: %w", err)
+		}
+		if op == 1 && string(payload) == "pong" {
+			return time.Since(start), nil
+		}
+	}
 }
 
 // putter PUTs envelopes over one keep-alive connection, by hand, so that

@@ -17,6 +17,12 @@
 //     (bench/signalbench), pinned likewise;
 //   - agent routing, instance to client and client to instance, against
 //     the encoding/json baseline (bench/agentbench), pinned likewise;
+//   - idle sockets parked beside today's goroutine per socket
+//     (bench/idlebench, issue 18): the resident memory of an idle mailbox
+//     watch, signal, phone channel and control socket, plain and TLS, at
+//     10,000 sockets (capped to the open-file limit, and said so); the
+//     added latency and CPU of a delivery to a parked watch socket; a
+//     reconnect storm against the binary's accept limits;
 //   - our TURN server against coturn (bench/turnbench): synthetic
 //     ChannelData load, and real WebRTC traffic from two headless Chromium
 //     pages over a relay-only data channel (skipped without chromium);
@@ -165,6 +171,16 @@ type settings struct {
 	// mailboxClusterBenchtime is -benchtime of each case and round of the
 	// mailbox's cluster backend beside raw JetStream.
 	mailboxClusterBenchtime string
+	// idleSockets and idleRounds shape the idle-socket memory figures of
+	// issue 18 (sockets of each kind per server, servers per side and
+	// figure; idleRounds the wake figure's too); wakeSockets and
+	// wakeDeliveries the wake figure; stormSockets the reconnect storm.
+	// idleSocketsLarge is a second memory pass, one round per side, at
+	// the issue's 100,000 (capped to the open-file limit); 0 skips it.
+	idleSockets, idleRounds     int
+	idleSocketsLarge            int
+	wakeSockets, wakeDeliveries int
+	stormSockets                int
 }
 
 func parseSettings(args []string, quick bool) (settings, error) {
@@ -190,7 +206,8 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		agentRounds: 7, agentFrames: 100_000, agentLatency: time.Second, agentLatencyRounds: 3,
 		turn: true, turnRounds: 7, turnRound: 2 * time.Second,
 		webrtc: true, webrtcRounds: 5, webrtcMB: 100,
-		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms", mailboxClusterBenchtime: "400ms"}
+		pushCount: 3, pushBenchtime: "3s", pushClusterBenchtime: "700ms", mailboxClusterBenchtime: "400ms",
+		idleSockets: 10_000, idleRounds: 2, idleSocketsLarge: 100_000, wakeSockets: 1_000, wakeDeliveries: 3_000, stormSockets: 10_000}
 	if quick {
 		s.rounds, s.frames, s.count, s.benchtime, s.timeout = 3, 30_000, 1, "100ms", 5*time.Minute
 		s.mailboxRound, s.mailboxPutRound = 300*time.Millisecond, 300*time.Millisecond
@@ -203,6 +220,7 @@ func parseSettings(args []string, quick bool) (settings, error) {
 		s.webrtcRounds, s.webrtcMB = 2, 20
 		s.pushCount, s.pushBenchtime = 1, "500ms"
 		s.pushClusterBenchtime, s.mailboxClusterBenchtime = "100ms", "100ms"
+		s.idleSockets, s.idleRounds, s.idleSocketsLarge, s.wakeDeliveries, s.stormSockets = 2_000, 1, 0, 1_000, 2_000
 	}
 	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
 	fs.IntVar(&s.rounds, "rounds", s.rounds, "rounds per relay in the channel comparison; the first is dropped")
@@ -233,6 +251,12 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	fs.StringVar(&s.pushBenchtime, "push-benchtime", s.pushBenchtime, "go test -benchtime for the push benchmarks")
 	fs.StringVar(&s.pushClusterBenchtime, "push-cluster-benchtime", s.pushClusterBenchtime, "go test -benchtime of each case and round of the push gateway in cluster mode vs single node")
 	fs.StringVar(&s.mailboxClusterBenchtime, "mailbox-cluster-benchtime", s.mailboxClusterBenchtime, "go test -benchtime of each case and round of the mailbox's cluster backend vs raw JetStream (3 rounds, QUICK 1)")
+	fs.IntVar(&s.idleSockets, "idle-sockets", s.idleSockets, "idle sockets of each kind per server in the parked vs unparked memory figures (capped to the open-file limit, and said so)")
+	fs.IntVar(&s.idleSocketsLarge, "idle-sockets-large", s.idleSocketsLarge, "idle sockets of each kind per server in a second memory pass, one round per side (capped to the open-file limit, and said so; 0 skips it)")
+	fs.IntVar(&s.idleRounds, "idle-rounds", s.idleRounds, "servers per side in each parked vs unparked memory figure and in the wake figure")
+	fs.IntVar(&s.wakeSockets, "wake-sockets", s.wakeSockets, "watch sockets per server in the wake figure")
+	fs.IntVar(&s.wakeDeliveries, "wake-deliveries", s.wakeDeliveries, "deliveries per server in the wake figure")
+	fs.IntVar(&s.stormSockets, "storm-sockets", s.stormSockets, "watch sockets reset and reconnected in the reconnect storm")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -351,6 +375,11 @@ func run(s settings) error {
 		ag = runAgent(ctx, s, bins, progress)
 		return agentInfo(ag)
 	})
+	var idle18 idleResults
+	timed("idle sockets parked vs unparked", func() string {
+		idle18 = runIdle(ctx, s, bins, root, tmp, progress)
+		return idleInfo(s, idle18)
+	})
 	var tr turnResults
 	timed("TURN comparison", func() string {
 		tr = runTURN(ctx, s, bins, progress)
@@ -385,6 +414,7 @@ func run(s settings) error {
 	rows = append(rows, mailboxRows(mb, bench)...)
 	rows = append(rows, signalRows(sig, bench)...)
 	rows = append(rows, agentRows(ag)...)
+	rows = append(rows, idleRows(idle18)...)
 	rows = append(rows, pushFanoutRows(bench)...)
 	rows = append(rows, turnRows(tr)...)
 	rows = append(rows, webrtcRows(wr)...)
@@ -420,7 +450,7 @@ func run(s settings) error {
 			fmt.Println(line)
 		}
 	}
-	return errors.Join(compareErr, idleErr, mb.err(), sig.err, ag.err, tr.err, wr.err, testErr)
+	return errors.Join(compareErr, idleErr, mb.err(), sig.err, ag.err, idle18.err(), tr.err, wr.err, testErr)
 }
 
 // serverPackages are the server programs of the out-of-process
@@ -432,6 +462,7 @@ var serverPackages = []string{
 	"edgerelay/bench/signalbench/cmd/signalserve",
 	"edgerelay/bench/agentbench/cmd/agentserve",
 	"edgerelay/bench/turnbench/cmd/turnserve",
+	"edgerelay/bench/idlebench/cmd/idleserve",
 }
 
 // servers are the built server programs by name ("channelserve", …).

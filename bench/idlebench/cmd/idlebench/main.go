@@ -33,18 +33,19 @@ func main() {
 	stormSockets := flag.Int("storm-sockets", 10_000, "watch sockets in the reconnect storm")
 	stormRounds := flag.Int("storm-rounds", 1, "servers per side in the reconnect storm")
 	only := flag.String("only", "memory,wake,storm", "which figures to run")
+	profiles := flag.String("profiles", "", "a directory for a heap profile of each memory figure's server, its sockets open")
 	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the whole run")
 	flag.Parse()
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := run(ctx, *sockets, *kinds, *plainOnly, *rounds, *wakeSockets, *deliveries, *stormSockets, *stormRounds, *only); err != nil {
+	if err := run(ctx, *sockets, *kinds, *plainOnly, *rounds, *wakeSockets, *deliveries, *stormSockets, *stormRounds, *only, *profiles); err != nil {
 		fmt.Fprintln(os.Stderr, "idlebench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, sockets int, kindList string, plainOnly bool, rounds, wakeSockets, deliveries, stormSockets, stormRounds int, only string) error {
+func run(ctx context.Context, sockets int, kindList string, plainOnly bool, rounds, wakeSockets, deliveries, stormSockets, stormRounds int, only, profiles string) error {
 	dir, err := os.MkdirTemp("", "idlebench-")
 	if err != nil {
 		return err
@@ -69,7 +70,7 @@ func run(ctx context.Context, sockets int, kindList string, plainOnly bool, roun
 	var errs []error
 	if want["memory"] {
 		rep, err := idlebench.MeasureMemory(ctx, idlebench.MemoryOptions{Binary: bin, Sockets: sockets, Kinds: ks,
-			PlainOnly: plainOnly, Rounds: rounds, Progress: os.Stderr})
+			PlainOnly: plainOnly, Rounds: rounds, ProfileDir: profiles, Progress: os.Stderr})
 		rep.WriteText(os.Stdout)
 		errs = append(errs, err)
 	}
