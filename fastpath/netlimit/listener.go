@@ -34,6 +34,11 @@ const (
 	ReasonPerIP = "per_ip" // MaxConnsPerIP connections from this IP were already open
 	ReasonRate  = "rate"   // the accept-rate bucket was empty
 	ReasonFDs   = "fds"    // the process (or system) had no file descriptor left
+	// ReasonSilent: a connection parked until its first byte (SetParker)
+	// sent nothing within the wait and was closed. It was admitted, and
+	// held its place until then; it is counted here with the refusals
+	// because, like them, it was closed before the server saw it.
+	ReasonSilent = "silent"
 )
 
 // Limits are one listener's limits. The zero value limits nothing; each
@@ -100,6 +105,9 @@ type Listener struct {
 	// where that cannot be done. raw is its raw connection.
 	queue *os.File
 	raw   syscall.RawConn
+	// parking, when not nil, keeps connections until their first byte
+	// (SetParker, park.go).
+	parking *parking
 
 	mu     sync.Mutex
 	open   int
@@ -154,8 +162,23 @@ func (l *Listener) SetLog(log *slog.Logger) {
 // server above never sees them. Running out of file descriptors is ridden
 // out the same way, and a lack of kernel memory is waited out (see
 // fds.go). Other errors of the inner listener are returned as they are (a
-// server's accept loop already knows how to handle them).
+// server's accept loop already knows how to handle them). With a set
+// (SetParker), a connection is returned only once it has sent something
+// (see park.go).
 func (l *Listener) Accept() (net.Conn, error) {
+	if l.parking != nil {
+		return l.parking.accept()
+	}
+	c, err := l.acceptAdmitted()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// acceptAdmitted is the next connection within the limits, or the inner
+// listener's next error that is not ridden out.
+func (l *Listener) acceptAdmitted() (*conn, error) {
 	backedOff := false
 	for {
 		c, err := l.inner.Accept()
@@ -271,7 +294,8 @@ func (l *Listener) Open() int {
 
 // Close closes the inner listener and gives back the spare descriptor.
 // Connections already accepted stay open and still release their place
-// when closed.
+// when closed; those still waiting for their first byte (SetParker) are
+// closed.
 func (l *Listener) Close() error {
 	err := l.inner.Close()
 	// The second descriptor keeps the socket listening until it is closed
@@ -280,6 +304,9 @@ func (l *Listener) Close() error {
 		_ = l.queue.Close()
 	}
 	l.fds.close()
+	if l.parking != nil {
+		l.parking.close()
+	}
 	return err
 }
 
@@ -314,6 +341,10 @@ type conn struct {
 	ip       netip.Addr
 	tracked  bool
 	released atomic.Bool
+	// firstReadBy, when not 0, is the end of the wait of a connection
+	// that was parked until its first byte (Unix ns): the first read
+	// deadline set on it is cut to it (SetReadDeadline).
+	firstReadBy atomic.Int64
 
 	// after holds what AfterClose registered; closed is set by the first
 	// Close (both under mu).
@@ -339,6 +370,41 @@ func (c *conn) Close() error {
 		}
 	}
 	return err
+}
+
+// SetReadDeadline sets the read deadline; the first one set on a
+// connection that was parked until its first byte is cut to the end of
+// its wait. A server sets its header timeout as the first read deadline
+// when it starts on a connection; without the cut, a client that sends
+// one byte just before the wait ends would get a whole header timeout
+// more, twice today's.
+func (c *conn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.cutFirst(t))
+}
+
+// SetDeadline is SetReadDeadline for reads (the write deadline is not
+// cut).
+func (c *conn) SetDeadline(t time.Time) error {
+	if by := c.cutFirst(t); !by.Equal(t) {
+		return errors.Join(c.Conn.SetReadDeadline(by), c.Conn.SetWriteDeadline(t))
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// cutFirst is t, or the end of the parked wait if that comes first and
+// this is the first deadline set.
+func (c *conn) cutFirst(t time.Time) time.Time {
+	if c.firstReadBy.Load() == 0 {
+		return t
+	}
+	ns := c.firstReadBy.Swap(0)
+	if ns == 0 {
+		return t
+	}
+	if by := time.Unix(0, ns); t.IsZero() || by.Before(t) {
+		return by
+	}
+	return t
 }
 
 // AfterClose registers f to run once the connection is closed, on the

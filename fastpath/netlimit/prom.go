@@ -22,9 +22,10 @@ type PromMetrics struct {
 func NewPromMetrics(reg prometheus.Registerer) (*PromMetrics, error) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgerelay_listener_refused_total",
-		Help: "Connections closed right after accept because a listener limit was reached; " +
-			"reason is total (max connections), per_ip (max connections per IP), rate (accept rate) " +
-			"or fds (the process had no file descriptor left).",
+		Help: "Connections closed before the server saw them: right after accept because a listener limit was reached " +
+			"(reason total: max connections, per_ip: max connections per IP, rate: accept rate, " +
+			"fds: the process had no file descriptor left), or after waiting parked for a first byte " +
+			"that did not come within the header timeout (reason silent).",
 	}, []string{"service", "reason"})
 	if err := reg.Register(refused); err != nil {
 		var already prometheus.AlreadyRegisteredError
@@ -52,20 +53,33 @@ func (m *PromMetrics) For(service string) Counters {
 		perIP:   m.refused.WithLabelValues(service, ReasonPerIP),
 		rate:    m.refused.WithLabelValues(service, ReasonRate),
 		fds:     m.refused.WithLabelValues(service, ReasonFDs),
+		silent:  m.refused.WithLabelValues(service, ReasonSilent),
 	}
 }
 
 // TrackOpen registers edgerelay_listener_open_connections{service}, a gauge
-// read from l.Open at scrape time. A service can be tracked once per
-// registry; a second call for the same service returns an error.
+// read from l.Open at scrape time, and
+// edgerelay_listener_waiting_connections{service}, read from l.Waiting
+// (connections parked until their first byte, 0 without SetParker). A
+// service can be tracked once per registry; a second call for the same
+// service returns an error.
 func (m *PromMetrics) TrackOpen(service string, l *Listener) error {
-	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "edgerelay_listener_open_connections",
-		Help:        "Connections accepted by a listener and not yet closed.",
+		Help:        "Connections accepted by a listener and not yet closed (those waiting for their first byte included).",
 		ConstLabels: prometheus.Labels{"service": service},
 	}, func() float64 { return float64(l.Open()) })
-	if err := m.reg.Register(g); err != nil {
+	if err := m.reg.Register(open); err != nil {
 		return fmt.Errorf("netlimit: register open connections gauge for %q: %w", service, err)
+	}
+	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "edgerelay_listener_waiting_connections",
+		Help:        "Connections accepted by a listener and parked, without a goroutine, until their first byte arrives.",
+		ConstLabels: prometheus.Labels{"service": service},
+	}, func() float64 { return float64(l.Waiting()) })
+	if err := m.reg.Register(waiting); err != nil {
+		m.reg.Unregister(open)
+		return fmt.Errorf("netlimit: register waiting connections gauge for %q: %w", service, err)
 	}
 	return nil
 }
@@ -76,7 +90,7 @@ type promCounters struct {
 	service            string
 	vec                *prometheus.CounterVec
 	total, perIP, rate prometheus.Counter
-	fds                prometheus.Counter
+	fds, silent        prometheus.Counter
 }
 
 func (c *promCounters) Refused(reason string) {
@@ -89,6 +103,8 @@ func (c *promCounters) Refused(reason string) {
 		c.rate.Inc()
 	case ReasonFDs:
 		c.fds.Inc()
+	case ReasonSilent:
+		c.silent.Inc()
 	default:
 		c.vec.WithLabelValues(c.service, reason).Inc()
 	}

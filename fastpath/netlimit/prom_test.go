@@ -3,6 +3,7 @@ package netlimit
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -20,6 +21,7 @@ func TestPromMetricsSharedAcrossServices(t *testing.T) {
 	mailbox.Refused(ReasonRate)
 	agent.Refused(ReasonTotal)
 	agent.Refused(ReasonFDs)
+	agent.Refused(ReasonSilent)
 	agent.Refused("other") // an unknown reason still counts, under its own label
 
 	// A second PromMetrics on the same registry shares the counter.
@@ -37,8 +39,10 @@ func TestPromMetricsSharedAcrossServices(t *testing.T) {
 		{"mailbox", ReasonTotal, 0}, // present at zero before any refusal
 		{"mailbox", ReasonPerIP, 0},
 		{"mailbox", ReasonFDs, 0},
+		{"mailbox", ReasonSilent, 0},
 		{"agent", ReasonTotal, 1},
 		{"agent", ReasonFDs, 1},
+		{"agent", ReasonSilent, 1},
 		{"agent", "other", 1},
 	} {
 		got, ok := promtest.Value(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": tc.service, "reason": tc.reason})
@@ -62,6 +66,9 @@ func TestPromMetricsFromListener(t *testing.T) {
 		t.Errorf("second TrackOpen for one service: %v, want an error naming it", err)
 	}
 
+	if got, ok := promtest.Value(t, reg, "edgerelay_listener_waiting_connections", map[string]string{"service": "channel"}); !ok || got != 0 {
+		t.Errorf("waiting connections without a set = %v (present %v), want 0", got, ok)
+	}
 	c := h.expectAccepted(h.dial("127.0.0.1"))
 	h.expectRefused(h.dial("127.0.0.1"))
 	if got, _ := promtest.Value(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": "channel", "reason": ReasonTotal}); got != 1 {
@@ -73,5 +80,31 @@ func TestPromMetricsFromListener(t *testing.T) {
 	c.Close()
 	if got, _ := promtest.Value(t, reg, "edgerelay_listener_open_connections", map[string]string{"service": "channel"}); got != 0 {
 		t.Errorf("open connections after close = %v, want 0", got)
+	}
+}
+
+// The waiting gauge follows the connections parked until their first
+// byte, and a silent one's closing is counted under its reason.
+func TestPromMetricsWaitingAndSilent(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewPromMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startParked(t, Limits{}, 300*time.Millisecond, nil, func(l *Listener) { l.counters = m.For("mailbox") })
+	if err := m.TrackOpen("mailbox", s.l); err != nil {
+		t.Fatal(err)
+	}
+	s.dial("127.0.0.1")
+	waitFor(t, "gauge at 1", func() bool {
+		got, _ := promtest.Value(t, reg, "edgerelay_listener_waiting_connections", map[string]string{"service": "mailbox"})
+		return got == 1
+	})
+	waitFor(t, "silent counted", func() bool {
+		got, _ := promtest.Value(t, reg, "edgerelay_listener_refused_total", map[string]string{"service": "mailbox", "reason": ReasonSilent})
+		return got == 1
+	})
+	if got, _ := promtest.Value(t, reg, "edgerelay_listener_waiting_connections", map[string]string{"service": "mailbox"}); got != 0 {
+		t.Errorf("waiting after the wait = %v, want 0", got)
 	}
 }

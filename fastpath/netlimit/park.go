@@ -1,0 +1,356 @@
+package netlimit
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"edgerelay/fastpath/park"
+)
+
+// Parking connections until their first byte.
+//
+// An HTTP server gives every accepted connection a goroutine, a request
+// context and a read buffer the size of the largest header (fasthttp: 8
+// KiB and more) before it knows whether the client will ever send a
+// byte. A flood of connections that send nothing therefore costs far
+// more per socket than an idle WebSocket parked in a park.Set.
+//
+// With SetParker, the Listener keeps an admitted connection to itself
+// until its first byte (or its EOF or reset) has arrived: the connection
+// is registered in the set and armed once, and it waits there with no
+// goroutine and no buffer, only the kernel's socket, the runtime's
+// descriptor, a timer and a small struct. When the set wakes it, the
+// wake function queues it (a mutex and a non-blocking send: it never
+// blocks the set's goroutine) and Accept hands it to the server.
+//
+// To keep Accept's caller free of the wait, one goroutine per Listener
+// (not per connection) runs the accepting that Accept does without a
+// set: limits, refusals and running out of descriptors all work as
+// before, and a connection that waits holds its place in every count
+// (MaxConns, per IP) from accept to Close. Errors of the inner listener
+// reach Accept's caller as they are, one per Accept call, as without a
+// set.
+//
+// A connection that sends nothing within the wait is closed and counted
+// as ReasonSilent. One that sends its first byte in time gets the rest of
+// the wait, not a fresh one, for its first read deadline (see
+// conn.SetReadDeadline): the header timeout runs from the accept, as it
+// does without a set.
+
+// waiter states: exactly one of wake, expire and Close moves a waiter out
+// of waiting, and that one disposes of it.
+const (
+	waiting int32 = iota
+	ready         // woken (or could not be parked): Accept hands it over
+	expired       // the wait passed: closed and counted
+	shut          // the listener closed while it waited
+)
+
+// parking is a Listener's state under SetParker.
+type parking struct {
+	l    *Listener
+	set  *park.Set
+	wait time.Duration
+
+	mu      sync.Mutex
+	closed  bool      // Close ran: nothing is queued or listed any more
+	started bool      // the accept goroutine runs (or ran)
+	first   *waiter   // the waiting connections, for Close (intrusive list)
+	ready   []*waiter // woken, not yet handed to Accept's caller
+	nwait   int       // waiting now (len of the list)
+
+	readySig chan struct{} // capacity 1: something was queued
+	errs     chan error    // the accept goroutine's errors, one per Accept
+	done     chan struct{} // closed by Close
+	stopped  chan struct{} // closed when the accept goroutine returns
+}
+
+// waiter is one connection waiting for its first byte.
+type waiter struct {
+	c          *conn
+	p          *parking
+	reg        park.Reg
+	timer      *time.Timer // nil without a wait, or when not parked
+	state      atomic.Int32
+	prev, next *waiter // in parking's list while waiting
+}
+
+// SetParker makes Accept hand over a connection only once its first byte
+// (or its end) has arrived; until then it waits in set, without a
+// goroutine or a buffer. A connection that sends nothing within wait (the
+// service's header timeout; 0: no limit) is closed and counted as
+// ReasonSilent. With a nil set (park.New fails where epoll is missing, or
+// in the nopark build) the Listener behaves as without the call. Call it
+// before the first Accept.
+func (l *Listener) SetParker(set *park.Set, wait time.Duration) {
+	if set == nil {
+		l.parking = nil
+		return
+	}
+	l.parking = &parking{
+		l: l, set: set, wait: max(wait, 0),
+		readySig: make(chan struct{}, 1),
+		errs:     make(chan error),
+		done:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+}
+
+// Waiting is the number of connections waiting for their first byte (0
+// without a set), for a gauge. They are counted in Open too.
+func (l *Listener) Waiting() int {
+	p := l.parking
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nwait
+}
+
+// accept is Accept with a set: the next connection that has sent
+// something, or the inner listener's next error.
+func (p *parking) accept() (net.Conn, error) {
+	p.start()
+	for {
+		if w := p.pop(); w != nil {
+			if w.timer != nil {
+				w.timer.Stop()
+			}
+			w.reg.Unregister() // before anyone can close the socket
+			return w.c, nil
+		}
+		select {
+		case <-p.readySig:
+		case err := <-p.errs:
+			return nil, err
+		case <-p.done:
+			return nil, p.closedErr()
+		}
+	}
+}
+
+// closedErr is what Accept returns once the Listener is closed: the error
+// a closed TCP listener returns (fasthttp's accept loop recognises it by
+// its text and ends quietly).
+func (p *parking) closedErr() error {
+	addr := p.l.inner.Addr()
+	return &net.OpError{Op: "accept", Net: addr.Network(), Addr: addr, Err: net.ErrClosed}
+}
+
+// start runs the accept goroutine once, at the first Accept.
+func (p *parking) start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started || p.closed {
+		return
+	}
+	p.started = true
+	go p.acceptLoop()
+}
+
+// acceptLoop accepts and parks connections until the listener closes. An
+// error of the inner listener is handed to one Accept call before the
+// next accept, as Accept itself would have returned it.
+func (p *parking) acceptLoop() {
+	defer close(p.stopped)
+	for {
+		c, err := p.l.acceptAdmitted()
+		if err != nil {
+			select {
+			case p.errs <- err:
+				continue
+			case <-p.done:
+				return
+			}
+		}
+		p.park(c)
+	}
+}
+
+// park registers c in the set and arms its wait; a connection that cannot
+// be parked is handed over at once.
+func (p *parking) park(c *conn) {
+	w := &waiter{c: c, p: p}
+	if p.wait > 0 {
+		// The first read deadline the server sets is cut to this, so that
+		// the header timeout runs from the accept (see conn.SetReadDeadline).
+		c.firstReadBy.Store(p.l.now().Add(p.wait).UnixNano())
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	var rc syscall.RawConn
+	if ok {
+		rc, _ = sc.SyscallConn()
+	}
+	if rc == nil || !w.reg.Register(p.set, rc, w.wake) {
+		w.state.Store(ready)
+		p.queue(w)
+		return
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		w.reg.Unregister()
+		_ = c.Close()
+		return
+	}
+	p.link(w)
+	if p.wait > 0 {
+		// Made under mu, after Register: expire takes mu first, so it
+		// sees the registration complete, and Accept's caller sees the
+		// timer through mu too.
+		w.timer = time.AfterFunc(p.wait, w.expire)
+	}
+	p.mu.Unlock()
+	if err := w.reg.Arm(); err != nil {
+		// Not parked (the epoll set refused it, or expire already
+		// unregistered it): serve it at once, if no one else took it.
+		w.wake()
+	}
+}
+
+// wake runs on the set's goroutine when the connection is readable or
+// hung up: it queues the connection for Accept without blocking.
+func (w *waiter) wake() {
+	if !w.state.CompareAndSwap(waiting, ready) {
+		return
+	}
+	p := w.p
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		// Close took the list before this wake queued it: dispose of it
+		// here, off the set's goroutine (rare: only during a shutdown).
+		go w.discard()
+		return
+	}
+	p.unlink(w)
+	p.mu.Unlock()
+	p.queue(w)
+}
+
+// expire runs when the wait has passed without a byte: the connection is
+// closed, counted as silent.
+func (w *waiter) expire() {
+	p := w.p
+	p.mu.Lock()
+	if !w.state.CompareAndSwap(waiting, expired) {
+		p.mu.Unlock()
+		return
+	}
+	if !p.closed {
+		p.unlink(w)
+	}
+	p.mu.Unlock()
+	w.reg.Unregister()
+	p.l.refuse(ReasonSilent)
+	_ = w.c.Close()
+}
+
+// discard unregisters and closes a connection that will never be handed
+// over (the listener closed).
+func (w *waiter) discard() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.reg.Unregister()
+	_ = w.c.Close()
+}
+
+// queue hands w to Accept: appended under mu, signalled without blocking.
+func (p *parking) queue(w *waiter) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		go w.discard()
+		return
+	}
+	p.ready = append(p.ready, w)
+	p.mu.Unlock()
+	select {
+	case p.readySig <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+// pop takes the oldest queued connection, or nil. With more queued it
+// signals again, for another Accept running at the same time.
+func (p *parking) pop() *waiter {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.ready) == 0 {
+		return nil
+	}
+	w := p.ready[0]
+	p.ready[0] = nil
+	p.ready = p.ready[1:]
+	if len(p.ready) > 0 {
+		select {
+		case p.readySig <- struct{}{}:
+		default:
+		}
+	}
+	return w
+}
+
+// link adds w to the waiting list. Called with mu held.
+func (p *parking) link(w *waiter) {
+	w.next = p.first
+	if p.first != nil {
+		p.first.prev = w
+	}
+	p.first = w
+	p.nwait++
+}
+
+// unlink takes w out of the waiting list. Called with mu held.
+func (p *parking) unlink(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		p.first = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	}
+	w.prev, w.next = nil, nil
+	p.nwait--
+}
+
+// close ends the parking (the Listener is closing): every waiting and
+// queued connection is closed, Accept returns the closed error, and the
+// accept goroutine is waited for (the inner listener is closed already,
+// so it is on its way out).
+func (p *parking) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	var list []*waiter
+	for w := p.first; w != nil; w = w.next {
+		list = append(list, w)
+	}
+	p.first, p.nwait = nil, 0
+	queued := p.ready
+	p.ready = nil
+	started := p.started
+	p.mu.Unlock()
+	close(p.done)
+	for _, w := range list {
+		if w.state.CompareAndSwap(waiting, shut) {
+			w.discard()
+		}
+		// Otherwise a wake or an expiry won: it disposes of it.
+	}
+	for _, w := range queued {
+		w.discard()
+	}
+	if started {
+		<-p.stopped
+	}
+}
