@@ -17,6 +17,7 @@ import (
 
 	"edgerelay/fastpath/httpx"
 	"edgerelay/fastpath/netlimit"
+	"edgerelay/fastpath/park"
 )
 
 // Service describes one listener.
@@ -57,6 +58,13 @@ type Service struct {
 	// before any byte of its body is read, whether the handler will answer
 	// from them alone (a refusal); see AnswerBeforeBody and BodyWithheld.
 	AnswerBeforeBody func(h *fasthttp.RequestHeader) bool
+	// Parker, when not nil, keeps each accepted connection in this set,
+	// without a goroutine, a request context or a read buffer, until its
+	// first byte (a request line, a TLS ClientHello) or its end arrives;
+	// one that sends nothing within HeaderTimeout is closed and counted
+	// (netlimit.ReasonSilent). nil (or where park.New fails) serves every
+	// connection from its accept. See netlimit.Listener.SetParker.
+	Parker *park.Set
 }
 
 // Listener is a running Service.
@@ -80,6 +88,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 	log = log.With("service", svc.Name)
 	limited := netlimit.New(raw, svc.Limits, counters)
 	limited.SetLog(log)
+	limited.SetParker(svc.Parker, svc.HeaderTimeout)
 	l := &Listener{svc: svc, ln: limited, log: log, errCh: make(chan error, 1)}
 	l.srv = &fasthttp.Server{
 		Name:                          "edgerelay",

@@ -1,0 +1,140 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"edgerelay/fastpath/netlimit"
+	"edgerelay/fastpath/park"
+)
+
+type countSilent struct{ silent atomic.Int32 }
+
+func (c *countSilent) Refused(reason string) {
+	if reason == netlimit.ReasonSilent {
+		c.silent.Add(1)
+	}
+}
+
+// A service with a Parker keeps silent connections from its handler,
+// serves one as soon as it sends a request, plain and over TLS, closes a
+// silent one at the header timeout and counts it, and its Shutdown closes
+// those still waiting.
+func TestParkerKeepsSilentConnectionsUntilTheirFirstByte(t *testing.T) {
+	set, err := park.New()
+	if errors.Is(err, park.ErrUnsupported) {
+		t.Skip("no park.Set in this build:", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = set.Close() })
+	for _, useTLS := range []bool{false, true} {
+		name := "plain"
+		if useTLS {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) {
+			var hits atomic.Int32
+			var counts countSilent
+			svc := Service{Name: "t", MaxHeaderBytes: 4096, HeaderTimeout: 400 * time.Millisecond, Parker: set,
+				Handler: func(ctx *fasthttp.RequestCtx) { hits.Add(1); ctx.SetBodyString("ok") }}
+			dialTLS := &tls.Config{InsecureSkipVerify: true}
+			if useTLS {
+				svc.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+			}
+			l := start(t, svc, &counts)
+			dial := func() net.Conn {
+				c, err := net.Dial("tcp", l.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+
+			silent := dial()
+			begin := time.Now()
+			late := dial()
+			waitFor(t, func() bool { return l.Limited().Waiting() == 2 })
+			if hits.Load() != 0 {
+				t.Fatal("a silent connection reached the handler")
+			}
+			// The late one asks within the header timeout and is served.
+			var c net.Conn = late
+			if useTLS {
+				tc := tls.Client(late, dialTLS)
+				if err := tc.Handshake(); err != nil {
+					t.Fatalf("handshake: %v", err)
+				}
+				c = tc
+			}
+			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: t\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("late request: %v %v", resp, err)
+			}
+			if hits.Load() != 1 {
+				t.Fatalf("%d requests reached the handler, want 1", hits.Load())
+			}
+			// The silent one is closed at the header timeout and counted.
+			_ = silent.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := silent.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+				t.Fatalf("silent connection: read %d, %v; want EOF", n, err)
+			}
+			if d := time.Since(begin); d < svc.HeaderTimeout {
+				t.Fatalf("silent connection closed after %v, before the header timeout", d)
+			}
+			waitFor(t, func() bool { return counts.silent.Load() == 1 })
+
+			// Shutdown closes a connection still waiting.
+			waiting := dial()
+			waitFor(t, func() bool { return l.Limited().Waiting() == 1 })
+			if err := l.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			_ = waiting.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := waiting.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+				t.Fatalf("waiting connection after Shutdown: read %d, %v; want EOF", n, err)
+			}
+		})
+	}
+}
+
+// selfSigned is a throwaway certificate for 127.0.0.1.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
