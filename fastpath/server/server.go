@@ -65,6 +65,13 @@ type Service struct {
 	// (netlimit.ReasonSilent). nil (or where park.New fails) serves every
 	// connection from its accept. See netlimit.Listener.SetParker.
 	Parker *park.Set
+	// ReduceIdleMemory is fasthttp's ReduceMemoryUsage: between requests
+	// of a keep-alive connection (and before the first, without a
+	// Parker) its goroutine waits on a one-byte read with no request
+	// context, read buffer or write buffer, which are taken again when
+	// the next request begins. It costs a context and buffer round trip
+	// through fasthttp's pools per request.
+	ReduceIdleMemory bool
 }
 
 // Listener is a running Service.
@@ -106,6 +113,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		ErrorHandler:                  errorAnswer,
 		StreamRequestBody:             svc.StreamRequestBody,
 		KeepHijackedConns:             svc.KeepHijackedConns,
+		ReduceMemoryUsage:             svc.ReduceIdleMemory,
 		Logger:                        fasthttpLogger{log: log},
 	}
 	if svc.ErrorHandler != nil {
