@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 )
@@ -76,12 +77,86 @@ func (s *sock) Close() error {
 
 // open opens socket i of the layout.
 func (c *client) open(ctx context.Context, l Layout, i int) (*sock, error) {
-	path, header := l.request(i)
 	addr := c.mailboxAddr
 	if l.Kind.onChannel() {
 		addr = c.channelAddr
 	}
+	switch l.Kind {
+	case Silent:
+		return c.connect(ctx, addr, i)
+	case KeepAlive:
+		return c.keepAlive(ctx, addr, i)
+	}
+	path, header := l.request(i)
 	return c.upgrade(ctx, addr, i, path, header)
+}
+
+// connect connects from source i to addr, over TLS its handshake done,
+// and sends nothing.
+func (c *client) connect(ctx context.Context, addr string, i int) (*sock, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	s, err := c.dial(ctx, addr, i)
+	if err != nil {
+		return nil, err
+	}
+	_ = s.SetDeadline(time.Time{})
+	return s, nil
+}
+
+// keepAlive connects from source i to addr, has GET /health answered,
+// and keeps the connection.
+func (c *client) keepAlive(ctx context.Context, addr string, i int) (*sock, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	s, err := c.dial(ctx, addr, i)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*sock, error) {
+		_ = s.Close()
+		return nil, fmt.Errorf("GET /health: %w", err)
+	}
+	if _, err := io.WriteString(s.Conn, "GET /health HTTP/1.1\r\nHost: "+addr+"\r\n\r\n"); err != nil {
+		return fail(err)
+	}
+	s.br = bufio.NewReaderSize(s.Conn, 512)
+	resp, err := http.ReadResponse(s.br, nil)
+	if err != nil {
+		return fail(err)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	switch {
+	case err != nil:
+		return fail(err)
+	case resp.StatusCode != http.StatusOK || resp.Close:
+		return fail(fmt.Errorf("answered %d (close %v), want 200 kept alive", resp.StatusCode, resp.Close))
+	}
+	_ = s.SetDeadline(time.Time{})
+	return s, nil
+}
+
+// dial connects from source i to addr and, over TLS, shakes hands; the
+// connection's deadline is ctx's.
+func (c *client) dial(ctx context.Context, addr string, i int) (*sock, error) {
+	d := net.Dialer{LocalAddr: c.source(i)}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &sock{Conn: nc, tcp: nc.(*net.TCPConn)}
+	deadline, _ := ctx.Deadline()
+	_ = nc.SetDeadline(deadline)
+	if c.tls != nil {
+		tc := tls.Client(nc, c.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = s.Close()
+			return nil, fmt.Errorf("TLS handshake: %w", err)
+		}
+		s.Conn = tc
+	}
+	return s, nil
 }
 
 // openControl opens computer i's control socket.
@@ -95,24 +170,13 @@ func (c *client) openControl(ctx context.Context, i int) (*sock, error) {
 func (c *client) upgrade(ctx context.Context, addr string, i int, path string, header []string) (*sock, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	d := net.Dialer{LocalAddr: c.source(i)}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	s, err := c.dial(ctx, addr, i)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	s := &sock{Conn: nc, tcp: nc.(*net.TCPConn)}
 	fail := func(err error) (*sock, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	deadline, _ := ctx.Deadline()
-	_ = nc.SetDeadline(deadline)
-	if c.tls != nil {
-		tc := tls.Client(nc, c.tls)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			return fail(fmt.Errorf("TLS handshake: %w", err))
-		}
-		s.Conn = tc
 	}
 	var req strings.Builder
 	req.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + addr +
@@ -144,7 +208,7 @@ func (c *client) upgrade(ctx context.Context, addr string, i int, path string, h
 			break
 		}
 	}
-	_ = nc.SetDeadline(time.Time{})
+	_ = s.SetDeadline(time.Time{})
 	return s, nil
 }
 

@@ -141,6 +141,39 @@ func TestMemoryTLS(t *testing.T) {
 	}
 }
 
+// The connections of the accept path: parked, one that has sent nothing
+// holds no goroutine; a keep-alive connection after its request holds
+// fasthttp's (nothing parks it); each is judged against the parked watch
+// socket of the same run.
+func TestMemoryAccept(t *testing.T) {
+	const n = 300
+	rep := measureSmall(t, n, true, Watch, Silent, KeepAlive)
+	if len(rep.Figures) != 3 {
+		t.Fatalf("%d figures, want 3", len(rep.Figures))
+	}
+	watch := rep.Figures[0]
+	for _, f := range rep.Figures[1:] {
+		p, u := f.Parked[0], f.Unparked[0]
+		for side, r := range [2]IdleRound{p, u} {
+			if r.Sockets != n || r.Held != n || r.PerSocket < 256 || r.PerSocket > 256<<10 {
+				t.Errorf("%s %s: %d sockets, %d held, %.0f bytes each", f.Name(), Sides[side], r.Sockets, r.Held, r.PerSocket)
+			}
+		}
+		if u.GoroutinesPerSocket < 0.9 || u.GoroutinesPerSocket > 2.25 {
+			t.Errorf("%s unparked: %.2f goroutines per connection", f.Name(), u.GoroutinesPerSocket)
+		}
+		if f.Kind == Silent && p.GoroutinesPerSocket > 0.25 {
+			t.Errorf("%s parked: %.2f goroutines per connection", f.Name(), p.GoroutinesPerSocket)
+		}
+		if f.GoalBytes != watch.ParkedMedian || !strings.Contains(f.GoalText, "WebSocket") {
+			t.Errorf("%s: goal %v %q, want the parked watch socket's %v", f.Name(), f.GoalBytes, f.GoalText, watch.ParkedMedian)
+		}
+	}
+	if watch.GoalBytes != GoalPlainBytes {
+		t.Errorf("watch goal %v", watch.GoalBytes)
+	}
+}
+
 func TestWake(t *testing.T) {
 	bin := idleserve(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

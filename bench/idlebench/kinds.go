@@ -27,22 +27,40 @@ const (
 	Control Kind = "control"
 )
 
-// Kinds are the four, in the report's order.
-var Kinds = []Kind{Watch, Signal, Phone, Control}
+// The connections of the accept path, before any upgrade: what a flood
+// of idle connections costs.
+const (
+	// Silent is a connection that has sent nothing yet (over TLS: its
+	// handshake done, no request).
+	Silent Kind = "silent"
+	// KeepAlive is a plain-HTTP keep-alive connection idle after one
+	// request (GET /health) was answered.
+	KeepAlive Kind = "keepalive"
+)
+
+// Kinds are the four WebSockets, in the report's order; AcceptKinds the
+// connections that never upgrade.
+var (
+	Kinds       = []Kind{Watch, Signal, Phone, Control}
+	AcceptKinds = []Kind{Silent, KeepAlive}
+)
 
 // ParseKind reads a kind's name.
 func ParseKind(s string) (Kind, error) {
-	for _, k := range Kinds {
+	for _, k := range append(Kinds[:len(Kinds):len(Kinds)], AcceptKinds...) {
 		if string(k) == s {
 			return k, nil
 		}
 	}
-	return "", fmt.Errorf("idlebench: kind %q: want watch, signal, phone or control", s)
+	return "", fmt.Errorf("idlebench: kind %q: want watch, signal, phone, control, silent or keepalive", s)
 }
 
 // onChannel reports whether the kind's sockets are the channel listener's
 // (the others are the mailbox listener's).
-func (k Kind) onChannel() bool { return k == Phone || k == Control }
+func (k Kind) onChannel() bool { return k == Phone || k == Control || k == KeepAlive }
+
+// upgrades reports whether the kind's connections are WebSockets.
+func (k Kind) upgrades() bool { return k != Silent && k != KeepAlive }
 
 // Layout is how n sockets of a kind spread over mailboxes and computers.
 type Layout struct {

@@ -23,8 +23,9 @@ type MemoryOptions struct {
 	// is a descriptor on both sides) is capped to what it allows, and
 	// the report says so.
 	Sockets int
-	// Kinds are the sockets measured (default all four), each plain and,
-	// unless PlainOnly, over TLS.
+	// Kinds are the sockets measured (default the four WebSockets and
+	// the two connections of the accept path), each plain and, unless
+	// PlainOnly, over TLS.
 	Kinds     []Kind
 	PlainOnly bool
 	// Rounds is how many servers of each side are measured per kind,
@@ -46,7 +47,7 @@ func (o MemoryOptions) withDefaults() (MemoryOptions, error) {
 		o.Sockets = 10_000
 	}
 	if len(o.Kinds) == 0 {
-		o.Kinds = Kinds
+		o.Kinds = append(Kinds[:len(Kinds):len(Kinds)], AcceptKinds...)
 	}
 	if o.Rounds == 0 {
 		o.Rounds = 2
@@ -86,6 +87,13 @@ type MemoryFigure struct {
 	// socket; Ratio is ParkedMedian / UnparkedMedian (below 1: parking
 	// saves).
 	ParkedMedian, UnparkedMedian, Ratio float64
+	// GoalBytes is the most a parked socket may cost, and GoalText says
+	// what it is: the 3 KiB plain and 6 KiB TLS for a WebSocket;
+	// for a connection that never upgraded, no more than an idle
+	// WebSocket (the parked watch socket's median of the same run, plain
+	// or TLS alike, when it was measured).
+	GoalBytes float64
+	GoalText  string
 }
 
 // Name is the figure's name: "watch", "phone TLS", …
@@ -176,7 +184,28 @@ func MeasureMemory(ctx context.Context, o MemoryOptions) (MemoryReport, error) {
 			rep.Figures = append(rep.Figures, f)
 		}
 	}
+	setGoals(rep.Figures)
 	return rep, nil
+}
+
+// setGoals sets each figure's goal (see MemoryFigure.GoalBytes).
+func setGoals(figs []MemoryFigure) {
+	watch := map[bool]float64{}
+	for _, f := range figs {
+		if f.Kind == Watch {
+			watch[f.TLS] = f.ParkedMedian
+		}
+	}
+	for i := range figs {
+		f := &figs[i]
+		f.GoalBytes, f.GoalText = GoalPlainBytes, "≤ 3 KiB per socket (the issue's goal at 100,000)"
+		if f.TLS {
+			f.GoalBytes, f.GoalText = GoalTLSBytes, "≤ 6 KiB per socket (the issue's goal at 100,000)"
+		}
+		if w, ok := watch[f.TLS]; ok && !f.Kind.upgrades() {
+			f.GoalBytes, f.GoalText = w, fmt.Sprintf("≤ an idle WebSocket's %.1f KiB (the parked watch socket's, this run)", w/1024)
+		}
+	}
 }
 
 func measureKind(ctx context.Context, o MemoryOptions, kind Kind, useTLS bool) (MemoryFigure, error) {
@@ -211,9 +240,19 @@ func medianPerSocket(rounds []IdleRound) float64 {
 // beyond any run, since the clients never answer.
 const idlePing = time.Hour
 
+// acceptHeaderTimeout is the servers' header timeout in the figures of
+// connections that never upgrade: beyond any run.
+const acceptHeaderTimeout = 10 * time.Minute
+
 func measureOne(ctx context.Context, o MemoryOptions, l Layout, useTLS bool, side, round int) (r IdleRound, err error) {
-	srv, err := startServer(ctx, o.Binary, side, useTLS, o.Aliases, "-ping", idlePing.String(),
-		"-mailboxes", strconv.Itoa(l.Mailboxes()), "-computers", strconv.Itoa(l.Computers()))
+	flags := []string{"-ping", idlePing.String(), "-mailboxes", strconv.Itoa(l.Mailboxes()), "-computers", strconv.Itoa(l.Computers())}
+	if !l.Kind.upgrades() {
+		// The server counts connections, and keeps those that send
+		// nothing (the binary closes them after its 10 s header
+		// timeout) through the measurement.
+		flags = append(flags, "-count", "conns", "-header-timeout", acceptHeaderTimeout.String())
+	}
+	srv, err := startServer(ctx, o.Binary, side, useTLS, o.Aliases, flags...)
 	if err != nil {
 		return r, err
 	}
@@ -249,7 +288,7 @@ func measureOne(ctx context.Context, o MemoryOptions, l Layout, useTLS bool, sid
 		if err := srv.WaitCount(ctx, total); err != nil {
 			return conns, err
 		}
-		if side == 0 {
+		if side == 0 && l.Kind.upgrades() {
 			r.Parked, err = srv.settleParked(ctx, total)
 		}
 		return conns, err

@@ -15,16 +15,8 @@ const (
 	GoalAddedP99   = 100 * time.Microsecond
 )
 
-// Goal is the figure's goal in bytes per parked socket.
-func (f MemoryFigure) Goal() float64 {
-	if f.TLS {
-		return GoalTLSBytes
-	}
-	return GoalPlainBytes
-}
-
 // Met reports whether the parked median meets the goal.
-func (f MemoryFigure) Met() bool { return f.ParkedMedian <= f.Goal() }
+func (f MemoryFigure) Met() bool { return f.ParkedMedian <= f.GoalBytes }
 
 // MedianRound is the round of side (0 parked, 1 unparked) whose bytes per
 // socket are the median's (the lower middle one for an even count), so
@@ -73,8 +65,8 @@ func (r MemoryReport) WriteText(w io.Writer) {
 		if !f.Met() {
 			verdict = "NOT met"
 		}
-		fmt.Fprintf(w, "  %-12s parked %s | unparked %s | ratio %.2f | goal <= %d KiB: %s\n",
-			f.Name(), f.MedianRound(0).Cell(), f.MedianRound(1).Cell(), f.Ratio, int(f.Goal())>>10, verdict)
+		fmt.Fprintf(w, "  %-13s parked %s | unparked %s | ratio %.2f | goal %s: %s\n",
+			f.Name(), f.MedianRound(0).Cell(), f.MedianRound(1).Cell(), f.Ratio, f.GoalText, verdict)
 	}
 }
 

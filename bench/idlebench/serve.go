@@ -50,12 +50,23 @@ type ServeConfig struct {
 	// DataDir holds the mailbox store; a temporary directory (on
 	// /dev/shm where there is one) when empty.
 	DataDir string
+	// CountConns makes the count command answer the connections the
+	// listeners hold (accepted and not yet closed, WebSockets or not)
+	// instead of the handlers' WebSockets: the figures of connections
+	// that never upgrade.
+	CountConns bool
+	// HeaderTimeout replaces the binary's (relayserve.HeaderTimeout, 10
+	// s) when set: connections that send nothing are closed after it,
+	// which a measurement of thousands of them outlasts.
+	HeaderTimeout time.Duration
 }
 
 // ServeProcess is the body of cmd/idleserve: the mailbox and private
 // channel relays as the binary serves them (fastpath/server, sockets
-// detached, the binary's timeouts and header limit, a ws.Parker shared by
-// both handlers when c.Park), each on a loopback listener of its own.
+// detached, the binary's timeouts and header limit; when c.Park one
+// ws.Parker shared by both handlers and both listeners, which park
+// accepted connections until their first byte), each on a loopback
+// listener of its own.
 // Then serverproc's commands ("ready <mailbox addr> <channel addr>", then
 // gc, usage, mem, heap-profile, …; see serverproc.Serve) and its own:
 //
@@ -127,12 +138,15 @@ func ServeProcess(c ServeConfig, in io.Reader, out io.Writer) (err error) {
 		}
 	}
 	refusals := &refusalCounts{}
-	mailboxLn, err := listen(mailboxService(mh), c.Limits, tlsConf, refusals)
+	// Parking, the listeners park accepted connections until their
+	// first byte too (server.Service.Parker), in the same set.
+	lc := listenConfig{limits: c.Limits, tls: tlsConf, counters: refusals, parker: parker, headerTimeout: c.HeaderTimeout}
+	mailboxLn, err := listen(mailboxService(mh), lc)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, mailboxLn.close()) }()
-	channelLn, err := listen(channelService(ch), c.Limits, tlsConf, refusals)
+	channelLn, err := listen(channelService(ch), lc)
 	if err != nil {
 		return err
 	}
@@ -141,7 +155,12 @@ func ServeProcess(c ServeConfig, in io.Reader, out io.Writer) (err error) {
 	return serverproc.Serve(serverproc.ServeOptions{
 		Ready: mailboxLn.addr + " " + channelLn.addr,
 		Commands: serverproc.Commands{
-			"count": func(string) (string, error) { return strconv.Itoa(mh.Open() + ch.Open()), nil },
+			"count": func(string) (string, error) {
+				if c.CountConns {
+					return strconv.Itoa(mailboxLn.l.Limited().Open() + channelLn.l.Limited().Open()), nil
+				}
+				return strconv.Itoa(mh.Open() + ch.Open()), nil
+			},
 			"parked": func(string) (string, error) {
 				if parker == nil {
 					return "0", nil
@@ -226,14 +245,26 @@ type listener struct {
 	served chan error
 }
 
-func listen(svc server.Service, lim netlimit.Limits, tc *tlsConfig, counters netlimit.Counters) (*listener, error) {
+// listenConfig is what both listeners share.
+type listenConfig struct {
+	limits        netlimit.Limits
+	tls           *tlsConfig // nil: plain
+	counters      netlimit.Counters
+	parker        *ws.Parker // nil: connections served from their accept
+	headerTimeout time.Duration
+}
+
+func listen(svc server.Service, c listenConfig) (*listener, error) {
 	svc.Addr = relayserve.Loopback
 	svc.HeaderTimeout, svc.IdleTimeout, svc.MaxHeaderBytes = relayserve.HeaderTimeout, relayserve.IdleTimeout, relayserve.MaxHeaderBytes
-	svc.Limits = lim
-	if tc != nil {
-		svc.TLS = tc.server()
+	if c.headerTimeout > 0 {
+		svc.HeaderTimeout = c.headerTimeout
 	}
-	l, err := server.Listen(svc, counters, slog.New(slog.DiscardHandler))
+	svc.Limits, svc.Parker = c.limits, c.parker
+	if c.tls != nil {
+		svc.TLS = c.tls.server()
+	}
+	l, err := server.Listen(svc, c.counters, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, fmt.Errorf("idleserve: %w", err)
 	}
@@ -252,15 +283,20 @@ func (ln *listener) close() error {
 // Refusals are the connections the listeners refused at accept, by
 // netlimit's reasons, and the connections they hold open.
 type Refusals struct {
-	Total int64 `json:"total"`
-	PerIP int64 `json:"per_ip"`
-	Rate  int64 `json:"rate"`
-	FDs   int64 `json:"fds"`
-	Open  int   `json:"open"`
+	Total  int64 `json:"total"`
+	PerIP  int64 `json:"per_ip"`
+	Rate   int64 `json:"rate"`
+	FDs    int64 `json:"fds"`
+	Silent int64 `json:"silent"` // sent nothing within the header timeout
+	Other  int64 `json:"other"`  // a reason this benchmark does not know
+	Open   int   `json:"open"`
 }
 
+// BeyondRate is the refusals for any reason but the accept rate.
+func (r Refusals) BeyondRate() int64 { return r.Total + r.PerIP + r.FDs + r.Silent + r.Other }
+
 // refusalCounts counts refusals for netlimit.
-type refusalCounts struct{ total, perIP, rate, fds atomic.Int64 }
+type refusalCounts struct{ total, perIP, rate, fds, silent, other atomic.Int64 }
 
 func (r *refusalCounts) Refused(reason string) {
 	switch reason {
@@ -270,13 +306,18 @@ func (r *refusalCounts) Refused(reason string) {
 		r.perIP.Add(1)
 	case netlimit.ReasonRate:
 		r.rate.Add(1)
-	default:
+	case netlimit.ReasonFDs:
 		r.fds.Add(1)
+	case netlimit.ReasonSilent:
+		r.silent.Add(1)
+	default:
+		r.other.Add(1)
 	}
 }
 
 func (r *refusalCounts) read() Refusals {
-	return Refusals{Total: r.total.Load(), PerIP: r.perIP.Load(), Rate: r.rate.Load(), FDs: r.fds.Load()}
+	return Refusals{Total: r.total.Load(), PerIP: r.perIP.Load(), Rate: r.rate.Load(), FDs: r.fds.Load(),
+		Silent: r.silent.Load(), Other: r.other.Load()}
 }
 
 // tlsConfig is the listeners' certificate: the development certificate

@@ -113,7 +113,7 @@ type StormReport struct {
 // allows in the time, a client left without a socket.
 func (o StormOptions) Check(r StormRound) error {
 	var errs []error
-	if n := r.Refused.Total + r.Refused.PerIP + r.Refused.FDs; n > 0 {
+	if n := r.Refused.BeyondRate(); n > 0 {
 		errs = append(errs, fmt.Errorf("%d refusals beyond the accept rate (%+v)", n, r.Refused))
 	}
 	if r.Sockets != o.Sockets {
@@ -233,7 +233,8 @@ func stormOne(ctx context.Context, o StormOptions, side int) (r StormRound, err 
 		return r, err
 	}
 	r.Refused = Refusals{Total: after.Total - before.Total, PerIP: after.PerIP - before.PerIP,
-		Rate: after.Rate - before.Rate, FDs: after.FDs - before.FDs, Open: after.Open}
+		Rate: after.Rate - before.Rate, FDs: after.FDs - before.FDs, Silent: after.Silent - before.Silent,
+		Other: after.Other - before.Other, Open: after.Open}
 	for _, s := range socks {
 		if s != nil {
 			r.Sockets++
