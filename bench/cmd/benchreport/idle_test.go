@@ -20,8 +20,13 @@ func TestIdleRows(t *testing.T) {
 		return idlebench.IdleRound{IdleCost: serverproc.IdleCost{Sockets: 100_000, PerSocket: perSocket}, Held: 100_000, Parked: parked}
 	}
 	fig := func(kind idlebench.Kind, tls bool, parked float64) idlebench.MemoryFigure {
+		goal, text := 3072.0, "≤ 3 KiB per socket"
+		if tls {
+			goal, text = 6144, "≤ 6 KiB per socket"
+		}
 		return idlebench.MemoryFigure{Kind: kind, TLS: tls, Parked: []idlebench.IdleRound{round(parked, 100_000)},
-			Unparked: []idlebench.IdleRound{round(9000, 0)}, ParkedMedian: parked, UnparkedMedian: 9000, Ratio: parked / 9000}
+			Unparked: []idlebench.IdleRound{round(9000, 0)}, ParkedMedian: parked, UnparkedMedian: 9000, Ratio: parked / 9000,
+			GoalBytes: goal, GoalText: text}
 	}
 	r := idleResults{
 		memory: idlebench.MemoryReport{Options: idlebench.MemoryOptions{Sockets: 18_000}, Requested: 100_000, FileLimit: 20_000, Capped: true,
