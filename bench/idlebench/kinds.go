@@ -2,7 +2,6 @@ package idlebench
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 
 	"edgerelay/bench/relayserve"
@@ -156,5 +155,3 @@ func PhoneToken(i int) string { return fmt.Sprintf("phone%059d", i) }
 func hashOf(s string) store.Hash { return sha256.Sum256([]byte(s)) }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
-func errJoin(errs ...error) error { return errors.Join(errs...) }

@@ -152,11 +152,12 @@ func capSockets(want int, lim uint64) (int, bool) {
 // process starts (not pinned: nothing is timed) with the mailboxes or
 // computers the sockets need claimed; the benchmark reads its memory,
 // opens the sockets from this process (an upgrade request, the 101, then
-// silence; phones on control sockets opened before the first reading),
-// waits until the server holds them all and, parking, until they have
-// parked, and reads its memory again (serverproc.MeasureIdle). The
-// servers ping once an hour, so no ping is sent, answered or missed
-// meanwhile.
+// silence; phones on control sockets opened before the first reading;
+// for the accept path's kinds a connection and nothing, or one request
+// and its answer), waits until the server holds them all and, parking,
+// until the WebSockets have parked, and reads its memory again
+// (serverproc.MeasureIdle). The servers ping once an hour, so no ping is
+// sent, answered or missed meanwhile.
 func MeasureMemory(ctx context.Context, o MemoryOptions) (MemoryReport, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -256,7 +257,7 @@ func measureOne(ctx context.Context, o MemoryOptions, l Layout, useTLS bool, sid
 	if err != nil {
 		return r, err
 	}
-	defer func() { err = errJoin(err, srv.Stop()) }()
+	defer func() { err = errors.Join(err, srv.Stop()) }()
 	controls, err := serverproc.OpenAll(ctx, l.Controls(), func(i int) (net.Conn, error) { return asConn(srv.client.openControl(ctx, i)) })
 	defer closeAll(controls)
 	if err != nil {

@@ -3,6 +3,7 @@ package idlebench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -50,7 +51,7 @@ func startServer(ctx context.Context, bin string, side int, useTLS bool, aliases
 	}
 	c, err := newClient(p.Ready, useTLS, aliases)
 	if err != nil {
-		return nil, errJoin(err, p.Stop())
+		return nil, errors.Join(err, p.Stop())
 	}
 	return &relayProc{Proc: p, client: c}, nil
 }

@@ -178,7 +178,7 @@ func stormOne(ctx context.Context, o StormOptions, side int) (r StormRound, err 
 	if err != nil {
 		return r, err
 	}
-	defer func() { err = errJoin(err, srv.Stop()) }()
+	defer func() { err = errors.Join(err, srv.Stop()) }()
 	l := Layout{Kind: Watch, Sockets: o.Sockets, PerDirection: 1}
 	socks := make([]*sock, o.Sockets)
 	defer func() {

@@ -164,7 +164,7 @@ func wakeOne(ctx context.Context, o WakeOptions, side int) (r WakeRound, err err
 	if err != nil {
 		return r, err
 	}
-	defer func() { err = errJoin(err, srv.Stop()) }()
+	defer func() { err = errors.Join(err, srv.Stop()) }()
 	l := wakeLayout(o.Sockets)
 	conns, err := serverproc.OpenAll(ctx, o.Sockets, func(i int) (net.Conn, error) { return asConn(srv.client.open(ctx, l, 2*i)) })
 	defer closeAll(conns)
