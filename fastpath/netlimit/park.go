@@ -22,7 +22,7 @@ import (
 // until its first byte (or its EOF or reset) has arrived: the connection
 // is registered in the set and armed once, and it waits there with no
 // goroutine and no buffer, only the kernel's socket, the runtime's
-// descriptor, a timer and a small struct. When the set wakes it, the
+// descriptor and a small struct. When the set wakes it, the
 // wake function queues it (a mutex and a non-blocking send: it never
 // blocks the set's goroutine) and Accept hands it to the server.
 //
@@ -35,17 +35,21 @@ import (
 // set.
 //
 // A connection that sends nothing within the wait is closed and counted
-// as ReasonSilent. One that sends its first byte in time gets the rest of
+// as ReasonSilent. Every connection waits as long, so the waiting list,
+// kept in accept order, is in the order of the waits' ends: one timer per
+// Listener, set for the oldest, expires them (a timer per connection
+// would cost as much again as the rest of its state, and a stopped one
+// stays in the runtime's heap, holding the connection, until its time). One that sends its first byte in time gets the rest of
 // the wait, not a fresh one, for its first read deadline (see
 // conn.SetReadDeadline): the header timeout runs from the accept, as it
 // does without a set.
 
-// waiter states: exactly one of wake, expire and Close moves a waiter out
+// waiter states: exactly one of wake, sweep and Close moves a waiter out
 // of waiting, and that one disposes of it.
 const (
 	waiting int32 = iota
 	ready         // woken (or could not be parked): Accept hands it over
-	expired       // the wait passed: closed and counted
+	expired       // the wait passed: closed and counted (sweep)
 	shut          // the listener closed while it waited
 )
 
@@ -55,12 +59,16 @@ type parking struct {
 	set  *park.Set
 	wait time.Duration
 
-	mu      sync.Mutex
-	closed  bool      // Close ran: nothing is queued or listed any more
-	started bool      // the accept goroutine runs (or ran)
-	first   *waiter   // the waiting connections, for Close (intrusive list)
-	ready   []*waiter // woken, not yet handed to Accept's caller
-	nwait   int       // waiting now (len of the list)
+	mu          sync.Mutex
+	closed      bool      // Close ran: nothing is queued or listed any more
+	started     bool      // the accept goroutine runs (or ran)
+	first, last *waiter   // the waiting connections, oldest first (intrusive list)
+	ready       []*waiter // woken, not yet handed to Accept's caller
+	nwait       int       // waiting now (len of the list)
+	// expiry runs sweep at the end of the oldest wait; nil until the
+	// first connection waits (and without a wait). armed: it is set.
+	expiry *time.Timer
+	armed  bool
 
 	readySig chan struct{} // capacity 1: something was queued
 	errs     chan error    // the accept goroutine's errors, one per Accept
@@ -73,7 +81,7 @@ type waiter struct {
 	c          *conn
 	p          *parking
 	reg        park.Reg
-	timer      *time.Timer // nil without a wait, or when not parked
+	deadline   int64 // end of the wait (Unix ns); 0 without one
 	state      atomic.Int32
 	prev, next *waiter // in parking's list while waiting
 }
@@ -117,9 +125,6 @@ func (p *parking) accept() (net.Conn, error) {
 	p.start()
 	for {
 		if w := p.pop(); w != nil {
-			if w.timer != nil {
-				w.timer.Stop()
-			}
 			w.reg.Unregister() // before anyone can close the socket
 			return w.c, nil
 		}
@@ -176,9 +181,11 @@ func (p *parking) acceptLoop() {
 func (p *parking) park(c *conn) {
 	w := &waiter{c: c, p: p}
 	if p.wait > 0 {
-		// The first read deadline the server sets is cut to this, so that
-		// the header timeout runs from the accept (see conn.SetReadDeadline).
-		c.firstReadBy.Store(p.l.now().Add(p.wait).UnixNano())
+		// The first read deadline the server sets is cut to this too, so
+		// that the header timeout runs from the accept (see
+		// conn.SetReadDeadline).
+		w.deadline = p.l.now().Add(p.wait).UnixNano()
+		c.firstReadBy.Store(w.deadline)
 	}
 	sc, ok := c.Conn.(syscall.Conn)
 	var rc syscall.RawConn
@@ -197,16 +204,12 @@ func (p *parking) park(c *conn) {
 		_ = c.Close()
 		return
 	}
+	// Linked under mu, after Register: sweep finds it only through mu,
+	// so it sees the registration complete.
 	p.link(w)
-	if p.wait > 0 {
-		// Made under mu, after Register: expire takes mu first, so it
-		// sees the registration complete, and Accept's caller sees the
-		// timer through mu too.
-		w.timer = time.AfterFunc(p.wait, w.expire)
-	}
 	p.mu.Unlock()
 	if err := w.reg.Arm(); err != nil {
-		// Not parked (the epoll set refused it, or expire already
+		// Not parked (the epoll set refused it, or sweep already
 		// unregistered it): serve it at once, if no one else took it.
 		w.wake()
 	}
@@ -232,30 +235,58 @@ func (w *waiter) wake() {
 	p.queue(w)
 }
 
-// expire runs when the wait has passed without a byte: the connection is
-// closed, counted as silent.
-func (w *waiter) expire() {
-	p := w.p
+// sweep runs on the expiry timer's goroutine at the end of the oldest
+// wait: the connections whose wait has passed without a byte are closed
+// and counted as silent, and the timer is set for the next.
+func (p *parking) sweep() {
+	var gone []*waiter
 	p.mu.Lock()
-	if !w.state.CompareAndSwap(waiting, expired) {
+	if p.closed {
 		p.mu.Unlock()
 		return
 	}
-	if !p.closed {
-		p.unlink(w)
+	p.armed = false
+	now := p.l.now().UnixNano()
+	for w := p.first; w != nil && w.deadline <= now; {
+		next := w.next
+		// One being woken stays: its wake unlinks it in a moment.
+		if w.state.CompareAndSwap(waiting, expired) {
+			p.unlink(w)
+			gone = append(gone, w)
+		}
+		w = next
 	}
+	p.schedule(now)
 	p.mu.Unlock()
-	w.reg.Unregister()
-	p.l.refuse(ReasonSilent)
-	_ = w.c.Close()
+	for _, w := range gone {
+		w.reg.Unregister()
+		p.l.refuse(ReasonSilent)
+		_ = w.c.Close()
+	}
+}
+
+// schedule sets the expiry timer for the oldest wait that ends after now
+// (those that ended are being woken). Called with mu held.
+func (p *parking) schedule(now int64) {
+	w := p.first
+	for w != nil && w.deadline <= now {
+		w = w.next
+	}
+	if w == nil {
+		return // the next link schedules
+	}
+	p.armed = true
+	d := time.Duration(w.deadline - now)
+	if p.expiry == nil {
+		p.expiry = time.AfterFunc(d, p.sweep)
+		return
+	}
+	p.expiry.Reset(d)
 }
 
 // discard unregisters and closes a connection that will never be handed
 // over (the listener closed).
 func (w *waiter) discard() {
-	if w.timer != nil {
-		w.timer.Stop()
-	}
 	w.reg.Unregister()
 	_ = w.c.Close()
 }
@@ -296,14 +327,20 @@ func (p *parking) pop() *waiter {
 	return w
 }
 
-// link adds w to the waiting list. Called with mu held.
+// link adds w to the end of the waiting list (its wait ends last) and,
+// when the expiry timer is not set, sets it. Called with mu held.
 func (p *parking) link(w *waiter) {
-	w.next = p.first
-	if p.first != nil {
-		p.first.prev = w
+	w.prev = p.last
+	if p.last != nil {
+		p.last.next = w
+	} else {
+		p.first = w
 	}
-	p.first = w
+	p.last = w
 	p.nwait++
+	if w.deadline != 0 && !p.armed {
+		p.schedule(p.l.now().UnixNano())
+	}
 }
 
 // unlink takes w out of the waiting list. Called with mu held.
@@ -315,6 +352,8 @@ func (p *parking) unlink(w *waiter) {
 	}
 	if w.next != nil {
 		w.next.prev = w.prev
+	} else {
+		p.last = w.prev
 	}
 	w.prev, w.next = nil, nil
 	p.nwait--
@@ -335,17 +374,20 @@ func (p *parking) close() {
 	for w := p.first; w != nil; w = w.next {
 		list = append(list, w)
 	}
-	p.first, p.nwait = nil, 0
+	p.first, p.last, p.nwait = nil, nil, 0
 	queued := p.ready
 	p.ready = nil
 	started := p.started
+	if p.expiry != nil {
+		p.expiry.Stop()
+	}
 	p.mu.Unlock()
 	close(p.done)
 	for _, w := range list {
 		if w.state.CompareAndSwap(waiting, shut) {
 			w.discard()
 		}
-		// Otherwise a wake or an expiry won: it disposes of it.
+		// Otherwise a wake or the sweep won: it disposes of it.
 	}
 	for _, w := range queued {
 		w.discard()

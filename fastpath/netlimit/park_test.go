@@ -510,3 +510,41 @@ func selfSigned(t *testing.T) tls.Certificate {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// Waits that end one after another are each ended on time by the
+// listener's one expiry timer, a connection that parks after the list
+// emptied included, and one woken in between is served.
+func TestParkedWaitsExpireInTurn(t *testing.T) {
+	const w = 400 * time.Millisecond
+	s := startParked(t, Limits{}, w, nil)
+	type silent struct {
+		c     net.Conn
+		start time.Time
+	}
+	dialAt := func() silent {
+		start := time.Now()
+		return silent{s.dial("127.0.0.1"), start}
+	}
+	check := func(c silent) {
+		t.Helper()
+		expectEOF(t, c.c, wait)
+		if d := time.Since(c.start); d < w || d > w+750*time.Millisecond {
+			t.Fatalf("closed %v after its accept, want at the end of its wait of %v", d, w)
+		}
+	}
+	a := dialAt()
+	served := s.dial("127.0.0.2")
+	time.Sleep(w / 2) // the second silent one's wait ends half a wait later
+	b := dialAt()
+	s.get(served) // woken between the two, from the middle of the list
+	check(a)
+	check(b)
+	waitFor(t, "list empty", func() bool { return s.l.Waiting() == 0 })
+	check(dialAt()) // the timer is set again for a newcomer
+	if got := s.counts.snapshot()[ReasonSilent]; got != 3 {
+		t.Fatalf("%d counted silent, want 3", got)
+	}
+	if h := s.hits.Load(); h != 1 {
+		t.Fatalf("%d requests served, want 1", h)
+	}
+}

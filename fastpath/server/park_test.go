@@ -68,8 +68,8 @@ func TestParkerKeepsSilentConnectionsUntilTheirFirstByte(t *testing.T) {
 				return c
 			}
 
+			begin := time.Now() // before the accept, so before the wait starts
 			silent := dial()
-			begin := time.Now()
 			late := dial()
 			waitFor(t, func() bool { return l.Limited().Waiting() == 2 })
 			if hits.Load() != 0 {
