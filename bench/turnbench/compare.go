@@ -1,8 +1,11 @@
 // Package turnbench compares edgerelay's TURN server with coturn's
 // turnserver: relayed packets per second per server core, at 120-byte and
 // 1,200-byte payloads, both driven by the same Go load generator
-// (RunLoad: pion's client allocates, then raw ChannelData to a UDP echo
-// peer and back) in the same run.
+// (RunLoad: an allocation per client, then raw ChannelData to a UDP echo
+// peer and back) in the same run. The load's clients reach the server
+// over UDP one datagram per send, over UDP in GSO runs that arrive
+// GRO-coalesced where the receiving socket asked for it, or over TCP or
+// TLS (Options.Transport, Options.GSO).
 //
 // Each server is a process of its own pinned to one core (taskset), the
 // load generator (this process, every thread) to another, so the figure
@@ -19,6 +22,7 @@ package turnbench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -43,8 +47,16 @@ type Options struct {
 	// Duration is the counted time of one run. Default 2 s.
 	Duration time.Duration
 	// Allocations and Window shape the load (see LoadOptions). Defaults 8
-	// and 16.
+	// and 16 (twice GSO with GSO).
 	Allocations, Window int
+	// Transport is the clients' leg to the server (see LoadOptions).
+	// Default UDP.
+	Transport Transport
+	// GSO, above 1, has the clients send GSO runs of that many datagrams
+	// (see LoadOptions.GSO): our server, with UDP_GRO on its listener,
+	// reads them coalesced; coturn, without, one by one. 0: one datagram
+	// per send.
+	GSO int
 	// ServerCPU and LoadCPU are the cores the servers and the load
 	// generator are pinned to. Defaults 0 and 1; pinning is skipped (and
 	// the report says so) on a machine with one core or without taskset.
@@ -78,8 +90,25 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Allocations == 0 {
 		o.Allocations = 8
 	}
+	if o.Transport == "" {
+		o.Transport = UDP
+	}
+	if o.GSO <= 1 {
+		o.GSO = 0
+	}
 	if o.Window == 0 {
 		o.Window = 16
+		if o.GSO > 1 {
+			o.Window = 2 * o.GSO
+		}
+	}
+	if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: 120}).withDefaults(); err != nil {
+		return o, err
+	}
+	for _, p := range o.Payloads {
+		if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: p}).withDefaults(); err != nil {
+			return o, err
+		}
 	}
 	if o.ServerCPU == 0 && o.LoadCPU == 0 {
 		o.LoadCPU = 1
@@ -105,6 +134,10 @@ type Run struct {
 	// Mallocs is ours only: heap allocations in the server process over
 	// the counted window, and ServerRelayed the packets it counted.
 	Mallocs, ServerRelayed uint64
+	// SendErrors is the load generator's failed sends (see LoadResult).
+	SendErrors uint64
+	// TLSSuite is the negotiated cipher suite (TLS only).
+	TLSSuite string
 }
 
 // PerSec is relayed datagrams per wall second.
@@ -132,6 +165,8 @@ type Side struct {
 	AllocsPerPacket float64
 	// Drops is the kernel's drops on the server's sockets over all runs.
 	Drops uint64
+	// TLSSuite is the cipher suite the load negotiated (TLS only).
+	TLSSuite string
 }
 
 // PayloadResult is both servers at one payload size.
@@ -202,12 +237,20 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 
 	const secret, realm = "turnbench-secret", "turnbench"
-	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer)
+	var cert *benchCert
+	if o.Transport == TLS {
+		c, err := writeBenchCert(dir)
+		if err != nil {
+			return rep, err
+		}
+		cert = &c
+	}
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer, cert)
 	if err != nil {
 		return rep, err
 	}
 	defer func() { err = errors.Join(err, ours.stop()) }()
-	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU)
+	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU, cert)
 	if err != nil {
 		return rep, err
 	}
@@ -216,7 +259,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 
 	for _, payload := range o.Payloads {
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (Run, error) {
-			r, err := measure(ctx, servers[side], secret, payload, o)
+			r, err := measure(ctx, servers[side], secret, payload, o, cert)
 			if err != nil {
 				return r, fmt.Errorf("turnbench: %d B, round %d, %s: %w", payload, round, servers[side].name, err)
 			}
@@ -225,8 +268,11 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 				if round == 0 {
 					note = " (warm-up)"
 				}
-				fmt.Fprintf(o.Progress, "%5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d  drops %d%s\n",
-					payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
+				if r.SendErrors > 0 {
+					note += fmt.Sprintf(" (%d failed sends)", r.SendErrors)
+				}
+				fmt.Fprintf(o.Progress, "%s %5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d  drops %d%s\n",
+					o.loadName(), payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
 					100*r.CPU.Seconds()/r.Elapsed.Seconds(), r.Lost, r.Drops, note)
 			}
 			return r, nil
@@ -242,7 +288,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 
 	if o.ProfileSeconds > 0 {
-		rep.Profile, err = profileOurs(ctx, ours, secret, dir, o)
+		rep.Profile, err = profileOurs(ctx, ours, secret, dir, o, cert)
 		if err != nil {
 			rep.Warnings = append(rep.Warnings, "profile: "+err.Error())
 		}
@@ -253,7 +299,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 
 // measure runs the load once against s, taking the server's CPU time
 // (and, for ours, its malloc and relayed counts) over the counted window.
-func measure(ctx context.Context, s *server, secret string, payload int, o Options) (Run, error) {
+func measure(ctx context.Context, s *server, secret string, payload int, o Options, cert *benchCert) (Run, error) {
 	var (
 		r      Run
 		st0    Stats
@@ -288,19 +334,39 @@ func measure(ctx context.Context, s *server, secret string, payload int, o Optio
 		}
 		return nil
 	}
-	res, err := RunLoad(ctx, LoadOptions{
-		Server: s.addr, Secret: secret, Payload: payload,
-		Allocations: o.Allocations, Window: o.Window, Duration: o.Duration,
-		OnCounting: counting,
-	})
+	lo := o.loadOptions(s, secret, payload, cert)
+	lo.Duration, lo.OnCounting = o.Duration, counting
+	res, err := RunLoad(ctx, lo)
 	if err != nil {
 		return r, err
 	}
 	r.Relayed, r.Lost, r.Elapsed = res.Relayed, res.Lost, res.Elapsed
+	r.SendErrors, r.TLSSuite = res.SendErrors, res.TLSSuite
 	// Let the allocations' refreshes to zero and the sockets' closing
 	// settle before the other server's run.
 	time.Sleep(100 * time.Millisecond)
 	return r, nil
+}
+
+// loadOptions is the load of o against s at payload, its duration and
+// counting left to the caller.
+func (o Options) loadOptions(s *server, secret string, payload int, cert *benchCert) LoadOptions {
+	lo := LoadOptions{
+		Server: s.addr, Secret: secret, Payload: payload, Transport: o.Transport,
+		Allocations: o.Allocations, Window: o.Window, GSO: o.GSO,
+	}
+	if cert != nil {
+		lo.Server, lo.TLS = s.tlsAddr, cert.client
+	}
+	return lo
+}
+
+// loadName says which load runs, in a word: udp, udp-gso16, tcp, tls.
+func (o Options) loadName() string {
+	if o.GSO > 1 {
+		return fmt.Sprintf("%s-gso%d", o.Transport, o.GSO)
+	}
+	return string(o.Transport)
 }
 
 func summarize(name string, runs []Run, ours bool) Side {
@@ -315,6 +381,9 @@ func summarize(name string, runs []Run, ours bool) Side {
 		mallocs += r.Mallocs
 		serverRelayed += r.ServerRelayed
 		s.Drops += r.Drops
+		if s.TLSSuite == "" {
+			s.TLSSuite = r.TLSSuite
+		}
 	}
 	s.PerCoreSec = abtest.Median(perCore(runs))
 	s.PerSec = abtest.Median(perSec)
@@ -332,20 +401,18 @@ func perCore(runs []Run) []float64 { return abtest.Values(runs, Run.PerCoreSec) 
 
 // profileOurs runs the load against ours once more, uncounted, while
 // taking a CPU profile, and returns the top of `go tool pprof -top`.
-func profileOurs(ctx context.Context, ours *server, secret, dir string, o Options) (string, error) {
+func profileOurs(ctx context.Context, ours *server, secret, dir string, o Options, cert *benchCert) (string, error) {
 	file := filepath.Join(dir, "turnserve.pprof")
 	errc := make(chan error, 1)
-	_, err := RunLoad(ctx, LoadOptions{
-		Server: ours.addr, Secret: secret, Payload: o.Payloads[0],
-		Allocations: o.Allocations, Window: o.Window,
-		Duration: time.Duration(o.ProfileSeconds)*time.Second + 500*time.Millisecond,
-		OnCounting: func(start bool) error {
-			if start {
-				go func() { errc <- ours.profile(ctx, o.ProfileSeconds, file) }()
-			}
-			return nil
-		},
-	})
+	lo := o.loadOptions(ours, secret, o.Payloads[0], cert)
+	lo.Duration = time.Duration(o.ProfileSeconds)*time.Second + 500*time.Millisecond
+	lo.OnCounting = func(start bool) error {
+		if start {
+			go func() { errc <- ours.profile(ctx, o.ProfileSeconds, file) }()
+		}
+		return nil
+	}
+	_, err := RunLoad(ctx, lo)
 	if err != nil {
 		return "", err
 	}

@@ -3,6 +3,7 @@ package turnbench
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -43,4 +44,74 @@ func TestCompareSmoke(t *testing.T) {
 	}
 	t.Logf("smoke: ours %.0f pkt/core-s, coturn %.0f, ratio %.2f; %.3f allocs/packet",
 		r.Ours.PerCoreSec, r.Coturn.PerCoreSec, r.Ratio, r.Ours.AllocsPerPacket)
+}
+
+// TestCompareSmokeTransports runs one short round of each server for each
+// other load: GRO-coalesced UDP input (GSO runs), TURN over TCP and over
+// TLS. Each must relay and produce a ratio; TLS must negotiate the same
+// suite on both.
+func TestCompareSmokeTransports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two servers per load")
+	}
+	for _, o := range []Options{
+		{GSO: 16},
+		{Transport: TCP},
+		{Transport: TLS},
+	} {
+		t.Run(o.loadName(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			o.Rounds, o.Payloads, o.Duration, o.Progress = 2, []int{120}, 300*time.Millisecond, os.Stderr
+			rep, err := Compare(ctx, o)
+			if err != nil {
+				t.Fatalf("Compare: %v", err)
+			}
+			if len(rep.Results) != 1 {
+				t.Fatalf("%d results, want 1", len(rep.Results))
+			}
+			r := rep.Results[0]
+			for _, s := range []Side{r.Ours, r.Coturn} {
+				if len(s.Runs) != 1 || s.PerSec <= 0 || s.PerCoreSec <= 0 {
+					t.Errorf("%s: %+v", s.Name, s)
+				}
+				for _, run := range s.Runs {
+					if run.SendErrors > 0 {
+						t.Errorf("%s: %d failed sends", s.Name, run.SendErrors)
+					}
+				}
+			}
+			if o.Transport == TLS && (r.Ours.TLSSuite == "" || r.Ours.TLSSuite != r.Coturn.TLSSuite) {
+				t.Errorf("TLS suites: ours %q, coturn %q", r.Ours.TLSSuite, r.Coturn.TLSSuite)
+			}
+			if r.Ratio <= 0 {
+				t.Errorf("ratio %v", r.Ratio)
+			}
+			md := rep.Markdown()
+			if !strings.Contains(md, o.loadTitle()) || !strings.Contains(md, "| 120 B |") {
+				t.Errorf("report lacks the load's title or its row:\n%s", md)
+			}
+			t.Logf("%s: ours %.0f pkt/core-s, coturn %.0f, ratio %.2f", o.loadName(), r.Ours.PerCoreSec, r.Coturn.PerCoreSec, r.Ratio)
+		})
+	}
+}
+
+// TestOptionsRefuseImpossibleLoads: GSO runs only over UDP, a window of
+// whole runs, runs the kernel takes.
+func TestOptionsRefuseImpossibleLoads(t *testing.T) {
+	for _, o := range []Options{
+		{GSO: 16, Transport: TCP},
+		{GSO: 16, Window: 24},
+		{GSO: 65},
+		{GSO: 64, Payloads: []int{1200}}, // 64 × 1,204 bytes is past 65,507
+		{Transport: "quic"},
+	} {
+		if _, err := o.withDefaults(); err == nil {
+			t.Errorf("%+v: accepted", o)
+		}
+	}
+	o, err := Options{GSO: 32}.withDefaults()
+	if err != nil || o.Window != 64 {
+		t.Errorf("GSO 32: window %d, %v; want 64", o.Window, err)
+	}
 }

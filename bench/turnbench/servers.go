@@ -23,11 +23,14 @@ import (
 // server is one contender's process: ours (turnserve) or coturn's
 // turnserver, pinned to the server core.
 type server struct {
-	name  string
-	cmd   *exec.Cmd
-	addr  netip.AddrPort
-	debug string // ours: the /stats and pprof address
-	done  chan error
+	name string
+	cmd  *exec.Cmd
+	addr netip.AddrPort // UDP and TCP
+	// tlsAddr is the turns: listener, when the server was started with
+	// a certificate.
+	tlsAddr netip.AddrPort
+	debug   string // ours: the /stats and pprof address
+	done    chan error
 }
 
 // pinned prefixes argv with taskset when a core is given.
@@ -39,11 +42,15 @@ func pinned(cpu int, argv ...string) []string {
 }
 
 // startOurs runs the turnserve binary and reads its start-up line.
-// socketBuffer, when positive, is its -socket-buffer (else its default).
-func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer int) (*server, error) {
+// socketBuffer, when positive, is its -socket-buffer (else its default);
+// cert, when not nil, adds a turns: listener.
+func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer int, cert *benchCert) (*server, error) {
 	args := []string{bin, "-listen", "127.0.0.1:0", "-secret", secret, "-realm", realm, "-allow-peers", "127.0.0.0/8"}
 	if socketBuffer > 0 {
 		args = append(args, "-socket-buffer", strconv.Itoa(socketBuffer))
+	}
+	if cert != nil {
+		args = append(args, "-tls-listen", "127.0.0.1:0", "-tls-cert", cert.certFile, "-tls-key", cert.keyFile)
 	}
 	argv := pinned(cpu, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -77,11 +84,13 @@ func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer
 			switch k {
 			case "udp":
 				s.addr, err = netip.ParseAddrPort(v)
+			case "tls":
+				s.tlsAddr, err = netip.ParseAddrPort(v)
 			case "debug":
 				s.debug = v
 			}
 		}
-		if err != nil || !s.addr.IsValid() || s.debug == "" {
+		if err != nil || !s.addr.IsValid() || s.debug == "" || (cert != nil && !s.tlsAddr.IsValid()) {
 			_ = s.stop()
 			return nil, fmt.Errorf("turnbench: turnserve start-up line %q", l)
 		}
@@ -93,28 +102,45 @@ func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer
 }
 
 // startCoturn runs coturn's turnserver with the same REST secret and
-// realm, on loopback, with loopback peers allowed (as ours), no TLS, DTLS
-// or CLI, and no configuration file; its relay threads are coturn's
-// default (one per CPU it sees, all on the pinned core).
-func startCoturn(ctx context.Context, bin, secret, realm, dir string, cpu int) (*server, error) {
+// realm, on loopback, with loopback peers allowed (as ours), no DTLS or
+// CLI, and no configuration file; TLS only when cert is not nil. Its
+// relay threads are coturn's default (one per CPU it sees, all on the
+// pinned core).
+func startCoturn(ctx context.Context, bin, secret, realm, dir string, cpu int, cert *benchCert) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	argv := pinned(cpu, bin, "-n",
-		"--use-auth-secret", "--static-auth-secret="+secret, "--realm="+realm,
-		"--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", "--listening-port="+strconv.Itoa(port),
-		"--allow-loopback-peers", "--no-cli", "--no-tls", "--no-dtls",
-		"--pidfile="+filepath.Join(dir, "turnserver.pid"),
-		"--log-file="+filepath.Join(dir, "turnserver.log"), "--no-stdout-log", "--simple-log")
+	args := []string{bin, "-n",
+		"--use-auth-secret", "--static-auth-secret=" + secret, "--realm=" + realm,
+		"--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", "--listening-port=" + strconv.Itoa(port),
+		"--allow-loopback-peers", "--no-cli", "--no-dtls",
+		"--pidfile=" + filepath.Join(dir, "turnserver.pid"),
+		"--log-file=" + filepath.Join(dir, "turnserver.log"), "--no-stdout-log", "--simple-log"}
+	tlsPort := 0
+	if cert == nil {
+		args = append(args, "--no-tls")
+	} else {
+		if tlsPort, err = freePort(); err != nil {
+			return nil, err
+		}
+		// The alternative ports (listening-port + 1, tls port + 1) are
+		// coturn's too; nothing here needs them, so they may be taken.
+		args = append(args, "--tls-listening-port="+strconv.Itoa(tlsPort), "--cert="+cert.certFile, "--pkey="+cert.keyFile)
+	}
+	argv := pinned(cpu, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("turnbench: starting turnserver: %w", err)
 	}
-	s := &server{name: "coturn", cmd: cmd, addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)), done: make(chan error, 1)}
+	loopback := netip.MustParseAddr("127.0.0.1")
+	s := &server{name: "coturn", cmd: cmd, addr: netip.AddrPortFrom(loopback, uint16(port)), done: make(chan error, 1)}
+	if cert != nil {
+		s.tlsAddr = netip.AddrPortFrom(loopback, uint16(tlsPort))
+	}
 	go func() { s.done <- cmd.Wait() }()
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if stunPing(s.addr) == nil {
+		if stunPing(s.addr) == nil && (cert == nil || tlsListening(s.tlsAddr)) {
 			return s, nil
 		}
 		select {
@@ -169,6 +195,16 @@ func stunPing(addr netip.AddrPort) error {
 		return errors.New("not STUN")
 	}
 	return nil
+}
+
+// tlsListening reports whether a TCP connection to addr is accepted.
+func tlsListening(addr netip.AddrPort) bool {
+	c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 // stop ends the process: SIGTERM, then SIGKILL after 3 s.

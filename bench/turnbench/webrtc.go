@@ -183,12 +183,12 @@ func CompareWebRTC(ctx context.Context, o WebRTCOptions) (rep WebRTCReport, err 
 	}
 
 	const secret, realm = "turnbench-secret", "turnbench"
-	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer)
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer, nil)
 	if err != nil {
 		return rep, err
 	}
 	defer func() { err = errors.Join(err, ours.stop()) }()
-	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU)
+	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU, nil)
 	if err != nil {
 		return rep, err
 	}

@@ -24,7 +24,9 @@ func main() {
 	flag.IntVar(&o.Rounds, "rounds", 7, "rounds per payload, the first a warm-up")
 	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "counted time per run")
 	flag.IntVar(&o.Allocations, "allocations", 8, "concurrent allocations")
-	flag.IntVar(&o.Window, "window", 16, "datagrams in flight per allocation")
+	flag.IntVar(&o.Window, "window", 0, "datagrams in flight per allocation (0: 16, or twice -gso)")
+	flag.IntVar(&o.GSO, "gso", 0, "send each client's window as GSO runs of this many datagrams (UDP_SEGMENT), so that input arrives GRO-coalesced where the server enabled UDP_GRO; 0: one datagram per send")
+	transport := flag.String("transport", "udp", "the clients' leg to the server: udp, tcp or tls (turns:)")
 	flag.IntVar(&o.ServerCPU, "server-cpu", 0, "core for the servers")
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
 	flag.IntVar(&o.SocketBuffer, "socket-buffer", 0, "our server's socket buffer in bytes (0: its default)")
@@ -38,6 +40,7 @@ func main() {
 		}
 		o.Payloads = append(o.Payloads, n)
 	}
+	o.Transport = turnbench.Transport(*transport)
 	o.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

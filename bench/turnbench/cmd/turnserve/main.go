@@ -2,7 +2,8 @@
 // benchmark (bench/turnbench): a process of its own can be pinned to a
 // core with taskset, like coturn's turnserver beside it.
 //
-// It prints one line, "turnserve udp=ADDR debug=ADDR", once it listens.
+// It prints one line, "turnserve udp=ADDR debug=ADDR" (and tls=ADDR with
+// -tls-listen), once it listens; TCP listens on the UDP address's port.
 // The debug address serves /debug/pprof/ and /stats (JSON: the process's
 // malloc count and GC cycles, and the packets the server relayed), so the
 // benchmark can take allocations per relayed packet and a CPU profile from
@@ -11,6 +12,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -47,6 +49,9 @@ func run() error {
 	debug := flag.String("debug", "127.0.0.1:0", "address for /stats and /debug/pprof/")
 	maxAllocs := flag.Int("max-allocations", 0, "allocation cap (0: the package default)")
 	socketBuffer := flag.Int("socket-buffer", 0, "receive and send buffer of the listener and each relay socket, bytes (0: turn.DefaultSocketBuffer)")
+	tlsListen := flag.String("tls-listen", "", "turns: (TLS over TCP) listen address; empty: none")
+	tlsCert := flag.String("tls-cert", "", "PEM certificate for -tls-listen")
+	tlsKey := flag.String("tls-key", "", "PEM private key for -tls-listen")
 	flag.Parse()
 
 	var prefixes []netip.Prefix
@@ -60,8 +65,18 @@ func run() error {
 		}
 		prefixes = append(prefixes, p)
 	}
+	var tlsConfig *tls.Config
+	if *tlsListen != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("-tls-cert, -tls-key: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	reg := prometheus.NewRegistry()
 	srv, err := turn.Start(turn.Config{
+		TLS:            tlsConfig,
+		TLSListen:      *tlsListen,
 		Listen:         *listen,
 		Secret:         *secret,
 		Realm:          *realm,
@@ -95,7 +110,11 @@ func run() error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 
-	fmt.Printf("turnserve udp=%s debug=%s\n", srv.Addr(), ln.Addr())
+	line := fmt.Sprintf("turnserve udp=%s debug=%s", srv.Addr(), ln.Addr())
+	if tlsConfig != nil {
+		line += fmt.Sprintf(" tls=%s", srv.TLSAddr())
+	}
+	fmt.Println(line)
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
