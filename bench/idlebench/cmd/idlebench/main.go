@@ -25,7 +25,7 @@ import (
 
 func main() {
 	sockets := flag.Int("sockets", 10_000, "idle sockets of each kind per server (capped to the open-file limit)")
-	kinds := flag.String("kinds", "watch,signal,phone,control", "socket kinds in the memory figures")
+	kinds := flag.String("kinds", "watch,signal,phone,control,silent,keepalive", "socket kinds in the memory figures (silent and keepalive: the accept path's connections that never upgrade)")
 	plainOnly := flag.Bool("plain-only", false, "leave out the TLS memory figures")
 	rounds := flag.Int("rounds", 2, "servers per side and figure (alternated, fresh processes)")
 	wakeSockets := flag.Int("wake-sockets", 1_000, "watch sockets in the wake figure")
