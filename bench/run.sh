@@ -14,7 +14,8 @@
 #   - idle sockets parked (ws.Parker) beside a reader goroutine per
 #     socket (bench/idlebench, issue 18): RSS per idle watch, signal,
 #     phone and control socket, plain and TLS, at 10,000 each (capped to
-#     the open-file limit, and said so); the added latency and CPU of a
+#     the open-file limit, and said so), and the accept path's idle
+#     connections that never upgrade; the added latency and CPU of a
 #     delivery to a parked watch socket; a reconnect storm of 10,000
 #     sockets against the binary's accept limits;
 #   - our TURN server against coturn's turnserver (install it with
@@ -33,7 +34,7 @@
 # and per figure: ours, baseline, ratio with its spread, goal). Load
 # comparisons alternate the two sides round by round (ABBA), drop the
 # first round and report medians with the lowest and highest round.
-# about 28 minutes on 2 cores; flags pass through
+# about 29 minutes on 2 cores; flags pass through
 # (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
 # smoke run (about 3 minutes, figures indicative only).
 set -euo pipefail

@@ -196,11 +196,11 @@ func parseSettings(args []string, quick bool) (settings, error) {
 	// cluster backend beside raw JetStream 0.5 (3 rounds of 6 cases of
 	// 0.4 s), the cluster routers beside raw NATS 2.4 (3 rounds of 20000
 	// frames a case, 3 packages, a cluster started per package), the idle
-	// sockets parked vs unparked 9 (32 server processes of 10,000 sockets
-	// and 16 of 100,000 capped to the open-file limit, 18,000 on a hard
-	// limit of 20,000, half of them over TLS; the wake, 4 servers; the
-	// storm, 2 servers of 10,000 sockets through the accept rate twice) —
-	// about 28 minutes. The quick one, a smoke test of the whole pipeline,
+	// sockets parked vs unparked 10 (48 server processes of 10,000
+	// sockets or connections and 16 of 100,000 WebSockets capped to the
+	// open-file limit, 18,000 on a hard limit of 20,000, half of them over
+	// TLS; the wake, 4 servers; the storm, 2 servers of 10,000 sockets
+	// through the accept rate twice) — about 29 minutes. The quick one, a smoke test of the whole pipeline,
 	// stays near 3 with a warm build cache. The timeouts only
 	// guard against a hang and sit above those.
 	s := settings{rounds: 8, frames: 200_000, phones: 4, size: 1024, idlePhones: 10_000, count: 5, benchtime: "1s",
