@@ -394,6 +394,9 @@ func (r *relay) service(name string, l config.Listener, h fasthttp.RequestHandle
 			AcceptRate: float64(lim.AcceptRate), AcceptBurst: lim.AcceptBurst,
 		},
 		HeaderTimeout: lim.HeaderTimeout, IdleTimeout: lim.IdleTimeout, MaxHeaderBytes: lim.MaxHeaderBytes,
+		// Accepted connections wait without a goroutine until their
+		// first byte, in the set the WebSockets park in.
+		Parker: r.parker,
 	}
 }
 
