@@ -32,11 +32,11 @@ test: js
 	$(GO) vet ./...
 	cd sdk/js && npm test
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /sdk/js/e2e)
-	# fastpath/ws once more with every test server's sockets parked, and
-	# built without parking (the nopark tag: what other systems run).
+	# fastpath/ws once more with every test server's sockets parked, and the
+	# parking packages built without it (the nopark tag: what other systems run).
 	WS_TEST_PARK=1 $(GO) test -race -count=1 ./fastpath/ws/
 	$(GO) vet -tags nopark ./fastpath/ws/ ./cmd/edgerelay/
-	$(GO) test -race -count=1 -tags nopark ./fastpath/ws/
+	$(GO) test -race -count=1 -tags nopark ./fastpath/ws/ ./fastpath/netlimit/ ./fastpath/server/
 	# The SDK's Node and Chromium tests run alone, after the rest: Chromium's
 	# processes beside the cluster tests add to the load that delays their 1.5 s liveness timing.
 	$(GO) test -race -count=1 -timeout 5m ./sdk/js/e2e/
