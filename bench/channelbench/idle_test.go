@@ -32,7 +32,7 @@ func TestCompareIdleSmall(t *testing.T) {
 	// else means a socket leaks. Past 2 per phone are the server's idle
 	// fasthttp workers of the upgrades (they linger for seconds): 26 of
 	// them over 200 phones were seen in CI, so the slack is 50.
-	if err := rep.Check(200, 0.9, 2.25); err != nil {
+	if err := rep.Check(200, serverproc.Goroutines{Lo: 0.9, Hi: 2.25}, serverproc.Goroutines{Lo: 0.9, Hi: 2.25}); err != nil {
 		t.Error(err)
 	}
 	if err := serverproc.CheckProfiles(profiles, func(side string) string { return "channelserve-idle-" + side + "-0.pprof" }); err != nil {

@@ -224,14 +224,20 @@ func medianPerSocket(costs []IdleCost) float64 {
 	return abtest.Median(v)
 }
 
+// Goroutines bounds the goroutines each socket of one side holds: a
+// reader and a writer, say, give or take the servers' idle workers.
+type Goroutines struct{ Lo, Hi float64 }
+
 // Check says what is implausible about a comparison of one round per side
-// with n sockets each holding goroutines between lo and hi (a reader and
-// a writer, say, give or take the servers' idle workers): a socket that
-// leaks or lost a goroutine, a growth too small or too large to be a
-// measurement. For the benchmarks' own tests.
-func (c IdleComparison) Check(n int, lo, hi float64) error {
+// with n sockets each, ours holding goroutines within ours and the
+// baseline's within baseline: a socket that leaks or lost a goroutine, a
+// growth too small or too large to be a measurement. For the benchmarks'
+// own tests.
+func (c IdleComparison) Check(n int, ours, baseline Goroutines) error {
 	var errs []error
+	bounds := [2]Goroutines{ours, baseline}
 	for side, costs := range [2][]IdleCost{c.Ours, c.Baseline} {
+		lo, hi := bounds[side].Lo, bounds[side].Hi
 		if len(costs) != 1 {
 			errs = append(errs, fmt.Errorf("%s: %d rounds, want 1", Sides[side], len(costs)))
 			continue

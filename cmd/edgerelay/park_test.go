@@ -77,7 +77,9 @@ func idleSocketsServed(t *testing.T, park bool) {
 			t.Fatalf("%.2f goroutines per parked socket", per)
 		}
 	} else {
-		waitUntil(t, func() bool { return hostileMetric(t, r.relayProc, "edgerelay_mailbox_watch_sockets") == mailboxes*watchers })
+		waitUntil(t, func() bool {
+			return hostileMetric(t, r.relayProc, "edgerelay_mailbox_watch_sockets") == mailboxes*watchers
+		})
 		per := (goroutines() - before) / float64(sockets)
 		t.Logf("%d sockets unparked, %.2f goroutines each", sockets, per)
 		if per < 1 {

@@ -162,6 +162,7 @@ type Reg struct {
 	slot  int32
 	gen   uint32
 	added bool // in the epoll set (armed, or fired and not re-armed)
+	ended bool // Unregister has run: Register refuses from then on
 	// err is what the last epoll_ctl returned (written inside rc.Control,
 	// whose callback is a method value made once: no allocation per arm).
 	err             error
@@ -171,10 +172,15 @@ type Reg struct {
 // Register prepares the socket rc for waits in p: each Arm then calls
 // wake once, on the set's goroutine (wake must not block: it hands the
 // socket to a goroutine of its own). False when it cannot be (no set, no
-// raw socket).
+// raw socket, or Unregister has run already).
 func (r *Reg) Register(p *Set, rc syscall.RawConn, wake func()) bool {
 	if p == nil || rc == nil {
 		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return false // torn down before it was served
 	}
 	r.p, r.rc = p, rc
 	r.slot, r.gen = p.take(wake)
@@ -218,6 +224,7 @@ func (r *Reg) armOn(fd uintptr) {
 func (r *Reg) Unregister() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.ended = true
 	if r.p == nil {
 		return
 	}

@@ -66,13 +66,17 @@ var errIdle = errors.New("ws: idle")
 // socket has ended. onMessage may block (a bounded queue waiting for
 // room): that holds this socket's reading only.
 func (c *Conn) Serve(onMessage func(op int, payload []byte) bool, onEnd func(error)) {
+	// Under readMu: a close before Serve (another goroutine's) may have
+	// the writer's linger reading already.
+	c.readMu.Lock()
 	c.serving, c.readSinceWake = true, true
 	c.onMessage, c.onEnd = onMessage, onEnd
-	if c.opts.Detach && c.opts.Parker != nil && c.tcp != nil {
+	if c.opts.Detach && c.opts.Parker != nil && c.tcp != nil && !c.shut.Load() {
 		if rc, err := c.tcp.SyscallConn(); err == nil {
 			c.parkable = c.park.Register(c.opts.Parker, rc, c.wake)
 		}
 	}
+	c.readMu.Unlock()
 	c.readLoop()
 }
 

@@ -105,6 +105,7 @@ func TestDefaults(t *testing.T) {
 		{"Limits", c.Limits, config.Limits{
 			MaxConns: 10000, MaxConnsPerIP: 1000, AcceptRate: 1000, AcceptBurst: 2000,
 			HeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 8192,
+			ParkSockets: true,
 		}},
 		{"Mailbox", c.Mailbox, config.MailboxConfig{
 			Idle: 720 * time.Hour, MaxEnvelope: 65536, MaxStored: 4096, MaxStoredBytes: 32 << 20, EnvelopeCache: 32 << 20,
