@@ -21,6 +21,9 @@ func backlogBehindBigWrite(t *testing.T, opts ws.Options) (*websocket.Conn, *ws.
 	if err := c.WriteBinary(make([]byte, bigWrite)); err != nil {
 		t.Fatal(err)
 	}
+	// The writer starts when something is queued: the small messages must
+	// wait behind the big write, not go out in the same one.
+	waitFor(t, "the writer to take the big message", func() bool { return ws.Taken(c) })
 	for _, m := range []string{"a", "b", "c"} {
 		if err := c.WriteText([]byte(m)); err != nil {
 			t.Fatal(err)
