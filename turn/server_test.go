@@ -3,15 +3,9 @@ package turn
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/netip"
 	"strings"
@@ -22,6 +16,7 @@ import (
 	pionturn "github.com/pion/turn/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"edgerelay/fastpath/tlsconf/tlstest"
 	"edgerelay/turn/turntest"
 )
 
@@ -581,22 +576,4 @@ func TestStartErrors(t *testing.T) {
 	}
 }
 
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
+func selfSigned(t *testing.T) tls.Certificate { return tlstest.SelfSigned(t) }

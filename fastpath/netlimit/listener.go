@@ -346,6 +346,14 @@ type conn struct {
 	// deadline set on it is cut to it (SetReadDeadline).
 	firstReadBy atomic.Int64
 
+	// readBy is the read deadline last set (Unix ns, 0: none), idle tells
+	// that the server is between two requests on the connection
+	// (MarkIdle), and handoff is where a keep-alive connection parked
+	// between requests stands (keepalive.go).
+	readBy  atomic.Int64
+	idle    atomic.Bool
+	handoff atomic.Int32
+
 	// after holds what AfterClose registered; closed is set by the first
 	// Close (both under mu).
 	mu     sync.Mutex
@@ -356,8 +364,18 @@ type conn struct {
 // Close closes the connection and, the first time only, releases its place
 // and runs what AfterClose registered: servers and hijackers commonly close
 // a connection more than once, and a second release would let the counts
-// drift below the truth and the caps admit more than they should.
+// drift below the truth and the caps admit more than they should. A
+// keep-alive connection its server let go between requests to be parked
+// (keepalive.go) is parked instead.
 func (c *conn) Close() error {
+	if c.handoff.Load() != served {
+		return c.handOver()
+	}
+	return c.closeNow()
+}
+
+// closeNow is Close for real: what a parked connection's Listener calls.
+func (c *conn) closeNow() error {
 	err := c.Conn.Close()
 	if c.released.CompareAndSwap(false, true) {
 		c.l.release(c.ip, c.tracked)
@@ -379,13 +397,17 @@ func (c *conn) Close() error {
 // one byte just before the wait ends would get a whole header timeout
 // more, twice today's.
 func (c *conn) SetReadDeadline(t time.Time) error {
-	return c.Conn.SetReadDeadline(c.cutFirst(t))
+	t = c.cutFirst(t)
+	c.noteReadBy(t)
+	return c.Conn.SetReadDeadline(t)
 }
 
 // SetDeadline is SetReadDeadline for reads (the write deadline is not
 // cut).
 func (c *conn) SetDeadline(t time.Time) error {
-	if by := c.cutFirst(t); !by.Equal(t) {
+	by := c.cutFirst(t)
+	c.noteReadBy(by)
+	if !by.Equal(t) {
 		return errors.Join(c.Conn.SetReadDeadline(by), c.Conn.SetWriteDeadline(t))
 	}
 	return c.Conn.SetDeadline(t)

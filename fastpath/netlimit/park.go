@@ -37,19 +37,24 @@ import (
 // A connection that sends nothing within the wait is closed and counted
 // as ReasonSilent. Every connection waits as long, so the waiting list,
 // kept in accept order, is in the order of the waits' ends: one timer per
-// Listener, set for the oldest, expires them (a timer per connection
-// would cost as much again as the rest of its state, and a stopped one
-// stays in the runtime's heap, holding the connection, until its time). One that sends its first byte in time gets the rest of
-// the wait, not a fresh one, for its first read deadline (see
-// conn.SetReadDeadline): the header timeout runs from the accept, as it
-// does without a set.
+// list, set for the oldest, expires them (a timer per connection would
+// cost as much again as the rest of its state, and a stopped one stays in
+// the runtime's heap, holding the connection, until its time). One that
+// sends its first byte in time gets the rest of the wait, not a fresh
+// one, for its first read deadline (see conn.SetReadDeadline): the header
+// timeout runs from the accept, as it does without a set.
+//
+// Keep-alive connections between requests (ParkKeepAlive, keepalive.go)
+// wait the same way, in a second list of their own: their waits end at
+// the server's idle deadline, and one that passes is closed without
+// being counted (the server would have closed it then too).
 
 // waiter states: exactly one of wake, sweep and Close moves a waiter out
 // of waiting, and that one disposes of it.
 const (
 	waiting int32 = iota
 	ready         // woken (or could not be parked): Accept hands it over
-	expired       // the wait passed: closed and counted (sweep)
+	expired       // the wait passed: closed (and counted, for a new one) by sweep
 	shut          // the listener closed while it waited
 )
 
@@ -58,17 +63,17 @@ type parking struct {
 	l    *Listener
 	set  *park.Set
 	wait time.Duration
+	// linger: how long a keep-alive connection waits for its next request
+	// on the server's goroutine before it is parked (ParkKeepAlive); 0:
+	// keep-alive connections are not parked.
+	linger time.Duration
 
-	mu          sync.Mutex
-	closed      bool      // Close ran: nothing is queued or listed any more
-	started     bool      // the accept goroutine runs (or ran)
-	first, last *waiter   // the waiting connections, oldest first (intrusive list)
-	ready       []*waiter // woken, not yet handed to Accept's caller
-	nwait       int       // waiting now (len of the list)
-	// expiry runs sweep at the end of the oldest wait; nil until the
-	// first connection waits (and without a wait). armed: it is set.
-	expiry *time.Timer
-	armed  bool
+	mu      sync.Mutex
+	closed  bool      // Close ran: nothing is queued or listed any more
+	started bool      // the accept goroutine runs (or ran)
+	fresh   waitList  // new connections waiting for their first byte
+	idle    waitList  // keep-alive connections waiting for their next request
+	ready   []*waiter // woken, not yet handed to Accept's caller
 
 	readySig chan struct{} // capacity 1: something was queued
 	errs     chan error    // the accept goroutine's errors, one per Accept
@@ -76,14 +81,28 @@ type parking struct {
 	stopped  chan struct{} // closed when the accept goroutine returns
 }
 
-// waiter is one connection waiting for its first byte.
+// waitList is one kind of waiting connections, in the order their waits
+// end (intrusive list), with the timer that expires them.
+type waitList struct {
+	first, last *waiter
+	n           int
+	// reason counts an expired connection as a refusal ("" : not counted).
+	reason string
+	// expiry runs sweep at the end of the oldest wait; nil until the
+	// first connection waits. armed: it is set.
+	expiry *time.Timer
+	armed  bool
+}
+
+// waiter is one connection waiting for a byte.
 type waiter struct {
 	c          *conn
 	p          *parking
+	list       *waitList
 	reg        park.Reg
 	deadline   int64 // end of the wait (Unix ns); 0 without one
 	state      atomic.Int32
-	prev, next *waiter // in parking's list while waiting
+	prev, next *waiter // in its list while waiting
 }
 
 // SetParker makes Accept hand over a connection only once its first byte
@@ -100,6 +119,7 @@ func (l *Listener) SetParker(set *park.Set, wait time.Duration) {
 	}
 	l.parking = &parking{
 		l: l, set: set, wait: max(wait, 0),
+		fresh:    waitList{reason: ReasonSilent},
 		readySig: make(chan struct{}, 1),
 		errs:     make(chan error),
 		done:     make(chan struct{}),
@@ -107,7 +127,8 @@ func (l *Listener) SetParker(set *park.Set, wait time.Duration) {
 	}
 }
 
-// Waiting is the number of connections waiting for their first byte (0
+// Waiting is the number of connections parked until a byte arrives: new
+// ones waiting for their first, keep-alive ones for their next request (0
 // without a set), for a gauge. They are counted in Open too.
 func (l *Listener) Waiting() int {
 	p := l.parking
@@ -116,7 +137,7 @@ func (l *Listener) Waiting() int {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.nwait
+	return p.fresh.n + p.idle.n
 }
 
 // accept is Accept with a set: the next connection that has sent
@@ -126,6 +147,9 @@ func (p *parking) accept() (net.Conn, error) {
 	for {
 		if w := p.pop(); w != nil {
 			w.reg.Unregister() // before anyone can close the socket
+			if w.list == &p.idle {
+				w.c.resumed()
+			}
 			return w.c, nil
 		}
 		select {
@@ -172,22 +196,22 @@ func (p *parking) acceptLoop() {
 				return
 			}
 		}
-		p.park(c)
+		w := &waiter{c: c, p: p, list: &p.fresh}
+		if p.wait > 0 {
+			// The first read deadline the server sets is cut to this too,
+			// so that the header timeout runs from the accept (see
+			// conn.SetReadDeadline).
+			w.deadline = p.l.now().Add(p.wait).UnixNano()
+			c.firstReadBy.Store(w.deadline)
+		}
+		p.park(w)
 	}
 }
 
-// park registers c in the set and arms its wait; a connection that cannot
-// be parked is handed over at once.
-func (p *parking) park(c *conn) {
-	w := &waiter{c: c, p: p}
-	if p.wait > 0 {
-		// The first read deadline the server sets is cut to this too, so
-		// that the header timeout runs from the accept (see
-		// conn.SetReadDeadline).
-		w.deadline = p.l.now().Add(p.wait).UnixNano()
-		c.firstReadBy.Store(w.deadline)
-	}
-	sc, ok := c.Conn.(syscall.Conn)
+// park registers w's connection in the set and arms its wait; a
+// connection that cannot be parked is handed over at once.
+func (p *parking) park(w *waiter) {
+	sc, ok := w.c.Conn.(syscall.Conn)
 	var rc syscall.RawConn
 	if ok {
 		rc, _ = sc.SyscallConn()
@@ -201,7 +225,7 @@ func (p *parking) park(c *conn) {
 	if p.closed {
 		p.mu.Unlock()
 		w.reg.Unregister()
-		_ = c.Close()
+		_ = w.c.closeNow()
 		return
 	}
 	// Linked under mu, after Register: sweep finds it only through mu,
@@ -235,19 +259,20 @@ func (w *waiter) wake() {
 	p.queue(w)
 }
 
-// sweep runs on the expiry timer's goroutine at the end of the oldest
-// wait: the connections whose wait has passed without a byte are closed
-// and counted as silent, and the timer is set for the next.
-func (p *parking) sweep() {
+// sweep runs on a list's expiry timer's goroutine at the end of its
+// oldest wait: the connections whose wait has passed without a byte are
+// closed (and counted with the list's reason), and the timer is set for
+// the next.
+func (p *parking) sweep(list *waitList) {
 	var gone []*waiter
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return
 	}
-	p.armed = false
+	list.armed = false
 	now := p.l.now().UnixNano()
-	for w := p.first; w != nil && w.deadline <= now; {
+	for w := list.first; w != nil && w.deadline <= now; {
 		next := w.next
 		// One being woken stays: its wake unlinks it in a moment.
 		if w.state.CompareAndSwap(waiting, expired) {
@@ -256,39 +281,41 @@ func (p *parking) sweep() {
 		}
 		w = next
 	}
-	p.schedule(now)
+	p.schedule(list, now)
 	p.mu.Unlock()
 	for _, w := range gone {
 		w.reg.Unregister()
-		p.l.refuse(ReasonSilent)
-		_ = w.c.Close()
+		if list.reason != "" {
+			p.l.refuse(list.reason)
+		}
+		_ = w.c.closeNow()
 	}
 }
 
-// schedule sets the expiry timer for the oldest wait that ends after now
-// (those that ended are being woken). Called with mu held.
-func (p *parking) schedule(now int64) {
-	w := p.first
+// schedule sets list's expiry timer for the oldest wait that ends after
+// now (those that ended are being woken). Called with mu held.
+func (p *parking) schedule(list *waitList, now int64) {
+	w := list.first
 	for w != nil && w.deadline <= now {
 		w = w.next
 	}
 	if w == nil {
 		return // the next link schedules
 	}
-	p.armed = true
+	list.armed = true
 	d := time.Duration(w.deadline - now)
-	if p.expiry == nil {
-		p.expiry = time.AfterFunc(d, p.sweep)
+	if list.expiry == nil {
+		list.expiry = time.AfterFunc(d, func() { p.sweep(list) })
 		return
 	}
-	p.expiry.Reset(d)
+	list.expiry.Reset(d)
 }
 
 // discard unregisters and closes a connection that will never be handed
 // over (the listener closed).
 func (w *waiter) discard() {
 	w.reg.Unregister()
-	_ = w.c.Close()
+	_ = w.c.closeNow()
 }
 
 // queue hands w to Accept: appended under mu, signalled without blocking.
@@ -327,36 +354,44 @@ func (p *parking) pop() *waiter {
 	return w
 }
 
-// link adds w to the end of the waiting list (its wait ends last) and,
-// when the expiry timer is not set, sets it. Called with mu held.
+// link adds w to the end of its list and, when the list's expiry timer is
+// not set, sets it. A wait never ends before the one linked ahead of it
+// (a keep-alive wait that would, by the scheduling between its deadline
+// and its parking, is moved to that one's end), so that sweep finds the
+// ended ones at the front. Called with mu held.
 func (p *parking) link(w *waiter) {
-	w.prev = p.last
-	if p.last != nil {
-		p.last.next = w
-	} else {
-		p.first = w
+	list := w.list
+	if last := list.last; last != nil && w.deadline != 0 && w.deadline < last.deadline {
+		w.deadline = last.deadline
 	}
-	p.last = w
-	p.nwait++
-	if w.deadline != 0 && !p.armed {
-		p.schedule(p.l.now().UnixNano())
+	w.prev = list.last
+	if list.last != nil {
+		list.last.next = w
+	} else {
+		list.first = w
+	}
+	list.last = w
+	list.n++
+	if w.deadline != 0 && !list.armed {
+		p.schedule(list, p.l.now().UnixNano())
 	}
 }
 
-// unlink takes w out of the waiting list. Called with mu held.
+// unlink takes w out of its list. Called with mu held.
 func (p *parking) unlink(w *waiter) {
+	list := w.list
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
-		p.first = w.next
+		list.first = w.next
 	}
 	if w.next != nil {
 		w.next.prev = w.prev
 	} else {
-		p.last = w.prev
+		list.last = w.prev
 	}
 	w.prev, w.next = nil, nil
-	p.nwait--
+	list.n--
 }
 
 // close ends the parking (the Listener is closing): every waiting and
@@ -371,16 +406,18 @@ func (p *parking) close() {
 	}
 	p.closed = true
 	var list []*waiter
-	for w := p.first; w != nil; w = w.next {
-		list = append(list, w)
+	for _, l := range []*waitList{&p.fresh, &p.idle} {
+		for w := l.first; w != nil; w = w.next {
+			list = append(list, w)
+		}
+		l.first, l.last, l.n = nil, nil, 0
+		if l.expiry != nil {
+			l.expiry.Stop()
+		}
 	}
-	p.first, p.last, p.nwait = nil, nil, 0
 	queued := p.ready
 	p.ready = nil
 	started := p.started
-	if p.expiry != nil {
-		p.expiry.Stop()
-	}
 	p.mu.Unlock()
 	close(p.done)
 	for _, w := range list {

@@ -2,14 +2,9 @@ package netlimit
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/park"
+	"edgerelay/fastpath/tlsconf/tlstest"
 )
 
 // parkedServer is a fasthttp server on a Listener that parks connections
@@ -53,8 +49,8 @@ func newSet(t *testing.T) *park.Set {
 // startParked serves on a parked listener with lim and the wait (also
 // the server's ReadTimeout, as fastpath/server sets both from the header
 // timeout). wrap, when not nil, wraps the listener (TLS); configure
-// adjusts the Listener before it serves.
-func startParked(t *testing.T, lim Limits, wait time.Duration, wrap func(net.Listener) net.Listener, configure ...func(*Listener)) *parkedServer {
+// adjusts the Listener and the server before it serves.
+func startParked(t *testing.T, lim Limits, wait time.Duration, wrap func(net.Listener) net.Listener, configure ...func(*Listener, *fasthttp.Server)) *parkedServer {
 	t.Helper()
 	s := &parkedServer{t: t, set: newSet(t), counts: &recorder{}, served: make(chan error, 1)}
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
@@ -63,9 +59,6 @@ func startParked(t *testing.T, lim Limits, wait time.Duration, wrap func(net.Lis
 	}
 	s.l = New(raw, lim, s.counts)
 	s.l.SetParker(s.set, wait)
-	for _, f := range configure {
-		f(s.l)
-	}
 	srv := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			s.hits.Add(1)
@@ -74,6 +67,11 @@ func startParked(t *testing.T, lim Limits, wait time.Duration, wrap func(net.Lis
 		ReadTimeout:     wait,
 		CloseOnShutdown: true,
 		Logger:          quietLogger{},
+		// As fastpath/server hooks it (it matters only with ParkKeepAlive).
+		ConnState: func(c net.Conn, st fasthttp.ConnState) { MarkIdle(c, st == fasthttp.StateIdle) },
+	}
+	for _, f := range configure {
+		f(s.l, srv)
 	}
 	var ln net.Listener = s.l
 	if wrap != nil {
@@ -453,7 +451,7 @@ func (e *errListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0,
 
 // TLS above the parked listener: the ClientHello is the first byte.
 func TestParkedUnderTLS(t *testing.T) {
-	cfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+	cfg := &tls.Config{Certificates: []tls.Certificate{tlstest.SelfSigned(t)}}
 	s := startParked(t, Limits{}, time.Minute, func(ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) })
 	s.dial("127.0.0.1") // silent: never handed to TLS
 	waitFor(t, "the silent one waiting", func() bool { return s.l.Waiting() == 1 })
@@ -489,26 +487,6 @@ func TestNoParkerAcceptsAtOnce(t *testing.T) {
 	p.dial("127.0.0.1")
 	waitFor(t, "waiting", func() bool { return p.l.Waiting() == 1 })
 	p.expectNoneAccepted()
-}
-
-// selfSigned is a throwaway certificate for 127.0.0.1.
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // Waits that end one after another are each ended on time by the

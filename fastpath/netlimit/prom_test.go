@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/promtest"
 )
@@ -91,7 +92,7 @@ func TestPromMetricsWaitingAndSilent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startParked(t, Limits{}, 300*time.Millisecond, nil, func(l *Listener) { l.counters = m.For("mailbox") })
+	s := startParked(t, Limits{}, 300*time.Millisecond, nil, func(l *Listener, _ *fasthttp.Server) { l.counters = m.For("mailbox") })
 	if err := m.TrackOpen("mailbox", s.l); err != nil {
 		t.Fatal(err)
 	}

@@ -3,14 +3,9 @@ package server
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -21,6 +16,7 @@ import (
 
 	"edgerelay/fastpath/netlimit"
 	"edgerelay/fastpath/park"
+	"edgerelay/fastpath/tlsconf/tlstest"
 )
 
 type countSilent struct{ silent atomic.Int32 }
@@ -56,7 +52,7 @@ func TestParkerKeepsSilentConnectionsUntilTheirFirstByte(t *testing.T) {
 				Handler: func(ctx *fasthttp.RequestCtx) { hits.Add(1); ctx.SetBodyString("ok") }}
 			dialTLS := &tls.Config{InsecureSkipVerify: true}
 			if useTLS {
-				svc.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+				svc.TLS = &tls.Config{Certificates: []tls.Certificate{tlstest.SelfSigned(t)}}
 			}
 			l := start(t, svc, &counts)
 			dial := func() net.Conn {
@@ -119,22 +115,76 @@ func TestParkerKeepsSilentConnectionsUntilTheirFirstByte(t *testing.T) {
 	}
 }
 
-// selfSigned is a throwaway certificate for 127.0.0.1.
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// With a Parker, a keep-alive connection is parked between requests (the
+// service hooks fasthttp's connection states to netlimit), its next
+// request is served whatever it is, a hijack included, and Shutdown
+// closes one still parked.
+func TestParkerParksKeepAliveConnections(t *testing.T) {
+	set, err := park.New()
+	if errors.Is(err, park.ErrUnsupported) {
+		t.Skip("no park.Set in this build:", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	t.Cleanup(func() { _ = set.Close() })
+	svc := Service{Name: "t", MaxHeaderBytes: 4096, HeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		Parker: set, KeepAliveLinger: 20 * time.Millisecond,
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) != "/echo" {
+				ctx.SetBodyString("ok")
+				return
+			}
+			ctx.SetStatusCode(fasthttp.StatusSwitchingProtocols)
+			ctx.Response.Header.Set("Connection", "Upgrade")
+			ctx.Response.Header.Set("Upgrade", "echo")
+			ctx.Hijack(func(c net.Conn) { _, _ = io.Copy(c, c) })
+		}}
+	l := start(t, svc, nil)
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c, bufio.NewReader(c)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
+	ask := func(c net.Conn, r *bufio.Reader, path string, want int) {
+		t.Helper()
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: t\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("GET %s: %v %v, want %d", path, resp, err, want)
+		}
+		if want == 200 {
+			_, _ = io.Copy(io.Discard, resp.Body)
+		}
+	}
+
+	c, r := dial()
+	ask(c, r, "/", 200)
+	waitFor(t, func() bool { return l.Limited().Waiting() == 1 })
+	ask(c, r, "/", 200)
+	waitFor(t, func() bool { return l.Limited().Waiting() == 1 })
+	ask(c, r, "/echo", fasthttp.StatusSwitchingProtocols)
+	if _, err := io.WriteString(c, "hello"); err != nil {
 		t.Fatal(err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(r, got); err != nil || string(got) != "hello" {
+		t.Fatalf("echo after the parking: %q, %v", got, err)
+	}
+
+	parked, pr := dial()
+	ask(parked, pr, "/", 200)
+	waitFor(t, func() bool { return l.Limited().Waiting() == 1 })
+	if err := l.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := pr.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("parked connection after Shutdown: read %d, %v; want EOF", n, err)
+	}
 }

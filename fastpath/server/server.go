@@ -64,7 +64,17 @@ type Service struct {
 	// one that sends nothing within HeaderTimeout is closed and counted
 	// (netlimit.ReasonSilent). nil (or where park.New fails) serves every
 	// connection from its accept. See netlimit.Listener.SetParker.
+	//
+	// With a Parker, keep-alive connections are parked between requests
+	// too: one whose next request has not begun KeepAliveLinger after its
+	// last answer waits in the set, without its goroutine, context or
+	// buffers, until it does (or until IdleTimeout). TLS connections are
+	// not (see netlimit.ParkKeepAlive).
 	Parker *park.Set
+	// KeepAliveLinger is how long a keep-alive connection keeps its
+	// goroutine after an answer before it is parked (0:
+	// DefaultKeepAliveLinger).
+	KeepAliveLinger time.Duration
 	// ReduceIdleMemory is fasthttp's ReduceMemoryUsage: between requests
 	// of a keep-alive connection (and before the first, without a
 	// Parker) its goroutine waits on a one-byte read with no request
@@ -73,6 +83,12 @@ type Service struct {
 	// through fasthttp's pools per request.
 	ReduceIdleMemory bool
 }
+
+// DefaultKeepAliveLinger is Service.KeepAliveLinger's default: a client
+// that sends its requests one after another keeps its connection's
+// goroutine, and a connection left idle is parked after a second, as an
+// idle WebSocket is (ws.DefaultParkAfter).
+const DefaultKeepAliveLinger = time.Second
 
 // Listener is a running Service.
 type Listener struct {
@@ -96,6 +112,10 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 	limited := netlimit.New(raw, svc.Limits, counters)
 	limited.SetLog(log)
 	limited.SetParker(svc.Parker, svc.HeaderTimeout)
+	if svc.KeepAliveLinger <= 0 {
+		svc.KeepAliveLinger = DefaultKeepAliveLinger
+	}
+	limited.ParkKeepAlive(svc.KeepAliveLinger)
 	l := &Listener{svc: svc, ln: limited, log: log, errCh: make(chan error, 1)}
 	l.srv = &fasthttp.Server{
 		Name:                          "edgerelay",
@@ -115,6 +135,13 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		KeepHijackedConns:             svc.KeepHijackedConns,
 		ReduceMemoryUsage:             svc.ReduceIdleMemory,
 		Logger:                        fasthttpLogger{log: log},
+	}
+	if svc.Parker != nil {
+		// netlimit parks a keep-alive connection only between two
+		// requests, which it hears of here.
+		l.srv.ConnState = func(c net.Conn, st fasthttp.ConnState) {
+			netlimit.MarkIdle(c, st == fasthttp.StateIdle)
+		}
 	}
 	if svc.ErrorHandler != nil {
 		l.srv.ErrorHandler = svc.ErrorHandler
