@@ -73,8 +73,10 @@ func (l *Listener) ParkKeepAlive(linger time.Duration) {
 
 // MarkIdle tells c's Listener that the server is between two requests on
 // c (idle true: it has answered one; false: the next one has begun, or
-// the connection was hijacked or closed). A connection that is not one
-// of a Listener parking keep-alive connections is left as it is.
+// the connection was hijacked). Its end must not be told: a server
+// reports it after the Close that parked the connection, when it may be
+// served again already. A connection that is not one of a Listener
+// parking keep-alive connections is left as it is.
 func MarkIdle(c net.Conn, idle bool) {
 	lc, ok := c.(*conn)
 	if !ok || lc.l.parking == nil || lc.l.parking.linger == 0 {

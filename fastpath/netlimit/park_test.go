@@ -68,7 +68,11 @@ func startParked(t *testing.T, lim Limits, wait time.Duration, wrap func(net.Lis
 		CloseOnShutdown: true,
 		Logger:          quietLogger{},
 		// As fastpath/server hooks it (it matters only with ParkKeepAlive).
-		ConnState: func(c net.Conn, st fasthttp.ConnState) { MarkIdle(c, st == fasthttp.StateIdle) },
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateIdle || st == fasthttp.StateActive {
+				MarkIdle(c, st == fasthttp.StateIdle)
+			}
+		},
 	}
 	for _, f := range configure {
 		f(s.l, srv)

@@ -137,11 +137,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		Logger:                        fasthttpLogger{log: log},
 	}
 	if svc.Parker != nil {
-		// netlimit parks a keep-alive connection only between two
-		// requests, which it hears of here.
-		l.srv.ConnState = func(c net.Conn, st fasthttp.ConnState) {
-			netlimit.MarkIdle(c, st == fasthttp.StateIdle)
-		}
+		l.srv.ConnState = markIdle
 	}
 	if svc.ErrorHandler != nil {
 		l.srv.ErrorHandler = svc.ErrorHandler
@@ -150,6 +146,19 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		AnswerBeforeBody(l.srv, svc.AnswerBeforeBody)
 	}
 	return l, nil
+}
+
+// markIdle tells netlimit when fasthttp is between two requests on a
+// connection, the only time it parks a keep-alive connection. The end of
+// a connection is not told: fasthttp's worker reports it after the Close
+// that parked the connection, when it may already be served again.
+func markIdle(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateIdle:
+		netlimit.MarkIdle(c, true)
+	case fasthttp.StateActive, fasthttp.StateHijacked:
+		netlimit.MarkIdle(c, false)
+	}
 }
 
 // Refusal classifies an error fasthttp hands an ErrorHandler (it refused
