@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -134,5 +138,69 @@ func expectText(t *testing.T, c *websocket.Conn, want string) {
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, msg, err := c.ReadMessage(); err != nil || string(msg) != want {
 		t.Fatalf("got %q %v, want %q", msg, err, want)
+	}
+}
+
+// TestKeepAliveConnectionsParkThroughTheBinary: plain-HTTP keep-alive
+// connections left idle after a request are parked until their next one
+// (edgerelay_listener_waiting_connections counts them) and hold almost no
+// goroutine; their next requests are answered on the same connections.
+func TestKeepAliveConnectionsParkThroughTheBinary(t *testing.T) {
+	const perService = 12
+	r := startHostileRelay(t, "RELAY_DATA_DIR="+t.TempDir())
+	goroutines := func() float64 { return hostileMetric(t, r.relayProc, "go_goroutines") }
+	waiting := func() float64 {
+		return hostileMetric(t, r.relayProc, `edgerelay_listener_waiting_connections{service="channel"}`) +
+			hostileMetric(t, r.relayProc, `edgerelay_listener_waiting_connections{service="admin"}`)
+	}
+	before := goroutines()
+	type keptAlive struct {
+		c    net.Conn
+		r    *bufio.Reader
+		addr string
+		path string
+	}
+	var conns []keptAlive
+	for _, svc := range []struct{ name, path string }{{"channel", "/health"}, {"admin", "/healthz"}} {
+		for range perService {
+			addr := r.relayProc.addrs[svc.name]
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			conns = append(conns, keptAlive{c: c, r: bufio.NewReader(c), addr: addr, path: svc.path})
+		}
+	}
+	ask := func(k keptAlive) {
+		t.Helper()
+		_ = k.c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(k.c, "GET "+k.path+" HTTP/1.1\r\nHost: "+k.addr+"\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(k.r, nil)
+		if err != nil {
+			t.Fatalf("GET %s: %v", k.path, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("GET %s: %d (close %v), want 200 kept alive", k.path, resp.StatusCode, resp.Close)
+		}
+	}
+	for round := range 2 {
+		for _, k := range conns {
+			ask(k)
+		}
+		// The metrics scrapes are keep-alive connections of their own
+		// that may be parked too: at least every test connection is.
+		waitUntil(t, func() bool { return waiting() >= float64(len(conns)) })
+		// fasthttp keeps the goroutines that served them for a moment,
+		// for the next connections (2 s with parking on).
+		var per float64
+		waitUntil(t, func() bool {
+			per = (goroutines() - before) / float64(len(conns))
+			return per <= 0.25
+		})
+		t.Logf("round %d: %d keep-alive connections parked, %.2f goroutines each", round, len(conns), per)
 	}
 }

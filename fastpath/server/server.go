@@ -90,6 +90,14 @@ type Service struct {
 // idle WebSocket is (ws.DefaultParkAfter).
 const DefaultKeepAliveLinger = time.Second
 
+// idleWorkerLife is how long fasthttp keeps a goroutine that served a
+// connection, for the next, with a Parker (fasthttp's default: 10 s).
+// A parked connection gives its goroutine back to that pool: the pool
+// lets it go soon after, so that an idle flood costs only its parked
+// state within seconds, while connections coming back from the set in a
+// busy moment still find warm goroutines.
+const idleWorkerLife = 2 * time.Second
+
 // Listener is a running Service.
 type Listener struct {
 	svc   Service
@@ -138,6 +146,7 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 	}
 	if svc.Parker != nil {
 		l.srv.ConnState = markIdle
+		l.srv.MaxIdleWorkerDuration = idleWorkerLife
 	}
 	if svc.ErrorHandler != nil {
 		l.srv.ErrorHandler = svc.ErrorHandler
