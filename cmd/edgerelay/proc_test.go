@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -263,6 +264,13 @@ func lastLine(s string) string {
 
 // freePort reserves a loopback port for a server that must keep its address
 // across a restart.
+//
+// The port is closed again before the server binds it, so in that moment
+// anyone else may take it. The kernel's own picks (listeners on port 0,
+// the source ports of outgoing connections: every test here makes
+// thousands) all come from the ephemeral range, so freePort picks below
+// it, at random, where only another freePort could collide, and hands
+// out each port once per test process.
 func freePort(t *testing.T) string {
 	t.Helper()
 	handed.Lock()
@@ -270,28 +278,40 @@ func freePort(t *testing.T) string {
 	if handed.addrs == nil {
 		handed.addrs = make(map[string]bool)
 	}
-	// The kernel may hand a port closed a moment ago to the next caller
-	// again: with tests in parallel, two servers were given one port
-	// (a node's client port as another's route port). A port is handed
-	// out once per test process; one handed already is held open while
-	// the kernel picks another.
-	var held []net.Listener
-	defer func() {
-		for _, ln := range held {
-			_ = ln.Close()
+	low := ephemeralLow()
+	for range 1000 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(reservedPortFloor+rand.IntN(low-reservedPortFloor)))
+		if handed.addrs[addr] {
+			continue
 		}
-	}()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue // taken
 		}
-		held = append(held, ln)
-		if addr := ln.Addr().String(); !handed.addrs[addr] {
-			handed.addrs[addr] = true
-			return addr
+		_ = ln.Close()
+		handed.addrs[addr] = true
+		return addr
+	}
+	t.Fatalf("no free port between %d and %d", reservedPortFloor, low)
+	return ""
+}
+
+// reservedPortFloor is the lowest port freePort picks: above the
+// well-known and most registered services' ports.
+const reservedPortFloor = 10000
+
+// ephemeralLow is the start of the kernel's ephemeral port range
+// (Linux's default where it cannot be read).
+func ephemeralLow() int {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > reservedPortFloor+1000 {
+				low = n
+			}
 		}
 	}
+	return low
 }
 
 // handed is every address freePort returned in this test process.
