@@ -181,28 +181,6 @@ func TestKeepAliveParkedRequestsSplitAndPipelined(t *testing.T) {
 	waitFor(t, "parked again", func() bool { return s.l.Waiting() == 1 })
 }
 
-// Closing the listener closes the parked keep-alive connections.
-func TestKeepAliveParkedClosedWithTheListener(t *testing.T) {
-	s := startParked(t, Limits{}, time.Minute, nil, keepAlive(time.Minute, false))
-	var conns []*net.TCPConn
-	for range 5 {
-		c := s.dial("127.0.0.1")
-		s.get(c)
-		conns = append(conns, c)
-	}
-	waitFor(t, "all parked", func() bool { return s.l.Waiting() == 5 })
-	if err := s.l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range conns {
-		expectEOF(t, c, wait)
-	}
-	waitFor(t, "every place released", func() bool { return s.l.Open() == 0 })
-	if s.l.Waiting() != 0 || s.set.Registered() != 0 {
-		t.Fatalf("waiting %d, registered %d after Close; want 0", s.l.Waiting(), s.set.Registered())
-	}
-}
-
 // TLS keep-alive connections are not parked (the TLS state above the
 // Listener's connection cannot be kept): they stay with the server and
 // are answered as before. What is tested is an absence, so the test

@@ -318,15 +318,20 @@ func TestParkedConnsCountAgainstTheCaps(t *testing.T) {
 	})
 }
 
-// Closing the listener closes the connections still waiting, and Accept
-// returns the closed error.
+// Closing the listener closes the connections still waiting, new ones
+// and keep-alive ones parked between requests, and Accept returns the
+// closed error.
 func TestParkedCloseClosesWaiting(t *testing.T) {
-	s := startParked(t, Limits{}, time.Minute, nil)
+	s := startParked(t, Limits{}, time.Minute, nil, keepAlive(time.Minute, false))
 	var conns []*net.TCPConn
-	for range 5 {
-		conns = append(conns, s.dial("127.0.0.1"))
+	for i := range 8 {
+		c := s.dial("127.0.0.1")
+		if i >= 5 {
+			s.get(c)
+		}
+		conns = append(conns, c)
 	}
-	waitFor(t, "five waiting", func() bool { return s.l.Waiting() == 5 })
+	waitFor(t, "five new and three kept alive waiting", func() bool { return s.l.Waiting() == 8 })
 	if err := s.l.Close(); err != nil {
 		t.Fatal(err)
 	}
