@@ -19,7 +19,9 @@
 #     delivery to a parked watch socket; a reconnect storm of 10,000
 #     sockets against the binary's accept limits;
 #   - our TURN server against coturn's turnserver (install it with
-#     .ci/install-coturn.sh): synthetic ChannelData load, and real WebRTC
+#     .ci/install-coturn.sh): synthetic ChannelData loads (UDP one
+#     datagram per send, GRO-coalesced UDP input, TCP, TLS; and ours with
+#     UDP_GRO on beside off), and real WebRTC
 #     traffic (two headless Chromium pages over a relay-only data channel:
 #     server CPU per MB, MB/s, the kernel's drops; skipped, and said so,
 #     without /usr/bin/chromium);

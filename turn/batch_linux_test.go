@@ -472,7 +472,7 @@ func TestRelayGRO(t *testing.T) {
 		noGRO bool
 	}{{"gro", false}, {"no-gro", true}} {
 		t.Run(mode.name, func(t *testing.T) {
-			s, _ := testServer(t, func(c *Config) { c.noGRO = mode.noGRO })
+			s, _ := testServer(t, func(c *Config) { c.NoGRO = mode.noGRO })
 			if !s.out.gso.on.Load() {
 				t.Skip("no UDP GSO in this kernel")
 			}

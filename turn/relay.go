@@ -420,7 +420,7 @@ func (g relayAddressGenerator) AllocatePacketConn(_ string, requestedPort int) (
 	// at once); the kernel's default buffer drops them while the reader
 	// is descheduled, and every drop costs a retransmission.
 	growBuffers(c, s.cfg.SocketBuffer)
-	reader, err := newDatagramReader(c, s.relayBufs, !s.cfg.noGRO)
+	reader, err := newDatagramReader(c, s.relayBufs, !s.cfg.NoGRO)
 	if err != nil {
 		_ = c.Close()
 		s.ports.release(port)

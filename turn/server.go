@@ -66,6 +66,12 @@ type Config struct {
 	// trickled in byte by byte does not extend it); 0 takes 60 s, as
 	// coturn. HandshakeTimeout bounds a turns: TLS handshake; 0 takes 10 s.
 	StreamIdleTimeout, HandshakeTimeout time.Duration
+	// NoGRO leaves UDP_GRO off on the sockets that receive (the listener
+	// and the relay sockets), so that coalesced input is read a datagram
+	// at a time: for comparisons of what GRO is worth (turnserve -no-gro)
+	// and tests of both of the batched readers' paths. Off by default:
+	// GRO costs nothing when input arrives one datagram at a time.
+	NoGRO bool
 
 	// holdRelayReads, set by tests only, is waited on by every relay
 	// socket's reader before its first read, so that the test can fill the
@@ -74,9 +80,6 @@ type Config struct {
 	// noGSO, set by tests only, relays as if the kernel refused UDP GSO
 	// (sendmmsg), so that both of the batched sender's paths are tested.
 	noGSO bool
-	// noGRO, set by tests only, leaves UDP_GRO off on the sockets that
-	// receive, so that both of the batched readers' paths are tested.
-	noGRO bool
 	// beforeUpRead, set by tests only, is called by the UDP listener's
 	// reader before each batch it reads (Linux), so that a test can hold
 	// it while the socket fills.

@@ -63,7 +63,7 @@ type upEntry struct {
 
 func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
 	u := &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), b: &upBatch{arena: make([]byte, upArenaSize)}}
-	if !s.cfg.noGRO {
+	if !s.cfg.NoGRO {
 		enableGRO(s.out.rc)
 	}
 	u.b.q.init()

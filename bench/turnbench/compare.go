@@ -5,7 +5,9 @@
 // peer and back) in the same run. The load's clients reach the server
 // over UDP one datagram per send, over UDP in GSO runs that arrive
 // GRO-coalesced where the receiving socket asked for it, or over TCP or
-// TLS (Options.Transport, Options.GSO).
+// TLS (Options.Transport, Options.GSO). With Options.BaselineNoGRO the
+// baseline is our own server with UDP_GRO off instead of coturn: what
+// coalesced reads are worth on the same load.
 //
 // Each server is a process of its own pinned to one core (taskset), the
 // load generator (this process, every thread) to another, so the figure
@@ -57,6 +59,10 @@ type Options struct {
 	// reads them coalesced; coturn, without, one by one. 0: one datagram
 	// per send.
 	GSO int
+	// BaselineNoGRO compares ours against ours started with UDP_GRO off
+	// (turnserve -no-gro) instead of against coturn; UDP only. With GSO
+	// runs, the baseline reads the same input a datagram at a time.
+	BaselineNoGRO bool
 	// ServerCPU and LoadCPU are the cores the servers and the load
 	// generator are pinned to. Defaults 0 and 1; pinning is skipped (and
 	// the report says so) on a machine with one core or without taskset.
@@ -109,6 +115,9 @@ func (o Options) withDefaults() (Options, error) {
 		if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: p}).withDefaults(); err != nil {
 			return o, err
 		}
+	}
+	if o.BaselineNoGRO && o.Transport != UDP {
+		return o, fmt.Errorf("turnbench: a GRO-off baseline needs transport udp, not %s", o.Transport)
 	}
 	if o.ServerCPU == 0 && o.LoadCPU == 0 {
 		o.LoadCPU = 1
@@ -171,9 +180,10 @@ type Side struct {
 
 // PayloadResult is both servers at one payload size.
 type PayloadResult struct {
-	Payload      int
-	Ours, Coturn Side
-	// Ratio is Ours.PerCoreSec / Coturn.PerCoreSec: above 1, ours relays
+	Payload int
+	// Baseline is coturn, or ours with GRO off (Options.BaselineNoGRO).
+	Ours, Baseline Side
+	// Ratio is Ours.PerCoreSec / Baseline.PerCoreSec: above 1, ours relays
 	// more per core. RoundRatio is the median of the per-round ratios
 	// (robust to drift between rounds); ThroughputRatio compares PerSec.
 	Ratio, RoundRatio, ThroughputRatio float64
@@ -186,7 +196,7 @@ type Report struct {
 	Pinned   bool   // servers and load generator ran on separate cores
 	Machine  string // GOOS/GOARCH, cores
 	Go       string
-	Coturn   string // turnserver's version line
+	Coturn   string // turnserver's version line ("" with BaselineNoGRO)
 	Profile  string // top of our server's CPU profile, if asked for
 	Elapsed  time.Duration
 	Warnings []string
@@ -202,11 +212,13 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 	rep = Report{Options: o, Go: runtime.Version(),
 		Machine: fmt.Sprintf("%s/%s, %d cores", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
-	coturnBin, err := exec.LookPath(o.Turnserver)
-	if err != nil {
-		return rep, fmt.Errorf("turnbench: coturn's turnserver not found (%w): run .ci/install-coturn.sh", err)
+	var coturnBin string
+	if !o.BaselineNoGRO {
+		if coturnBin, err = exec.LookPath(o.Turnserver); err != nil {
+			return rep, fmt.Errorf("turnbench: coturn's turnserver not found (%w): run .ci/install-coturn.sh", err)
+		}
+		rep.Coturn = coturnVersion(ctx, coturnBin)
 	}
-	rep.Coturn = coturnVersion(ctx, coturnBin)
 	dir, err := os.MkdirTemp("", "turnbench")
 	if err != nil {
 		return rep, err
@@ -245,17 +257,24 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 		}
 		cert = &c
 	}
-	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer, cert)
+	oo := oursOptions{socketBuffer: o.SocketBuffer, cert: cert}
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, oo)
 	if err != nil {
 		return rep, err
 	}
 	defer func() { err = errors.Join(err, ours.stop()) }()
-	coturn, err := startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU, cert)
+	var base *server
+	if o.BaselineNoGRO {
+		oo.noGRO = true
+		base, err = startOurs(ctx, o.Turnserve, secret, realm, serverCPU, oo)
+	} else {
+		base, err = startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU, cert)
+	}
 	if err != nil {
 		return rep, err
 	}
-	defer func() { err = errors.Join(err, coturn.stop()) }()
-	servers := [2]*server{ours, coturn}
+	defer func() { err = errors.Join(err, base.stop()) }()
+	servers := [2]*server{ours, base}
 
 	for _, payload := range o.Payloads {
 		runs, err := abtest.Alternate(o.Rounds, 1, func(side, round int) (Run, error) {
@@ -271,8 +290,8 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 				if r.SendErrors > 0 {
 					note += fmt.Sprintf(" (%d failed sends)", r.SendErrors)
 				}
-				fmt.Fprintf(o.Progress, "%s %5d B round %d %-6s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d  drops %d%s\n",
-					o.loadName(), payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
+				fmt.Fprintf(o.Progress, "%s %5d B round %d %-10s %9.0f pkt/s %9.0f pkt/core-s  core %3.0f%%  lost %d  drops %d%s\n",
+					o.LoadName(), payload, round, servers[side].name, r.PerSec(), r.PerCoreSec(),
 					100*r.CPU.Seconds()/r.Elapsed.Seconds(), r.Lost, r.Drops, note)
 			}
 			return r, nil
@@ -280,9 +299,9 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 		if err != nil {
 			return rep, err
 		}
-		pr := PayloadResult{Payload: payload, Ours: summarize("ours", runs[0], true), Coturn: summarize("coturn", runs[1], false)}
-		pr.Ratio = pr.Ours.PerCoreSec / pr.Coturn.PerCoreSec
-		pr.ThroughputRatio = pr.Ours.PerSec / pr.Coturn.PerSec
+		pr := PayloadResult{Payload: payload, Ours: summarize(ours, runs[0]), Baseline: summarize(base, runs[1])}
+		pr.Ratio = pr.Ours.PerCoreSec / pr.Baseline.PerCoreSec
+		pr.ThroughputRatio = pr.Ours.PerSec / pr.Baseline.PerSec
 		pr.RoundRatio = abtest.RoundRatio(perCore(runs[0]), perCore(runs[1]))
 		rep.Results = append(rep.Results, pr)
 	}
@@ -361,16 +380,26 @@ func (o Options) loadOptions(s *server, secret string, payload int, cert *benchC
 	return lo
 }
 
-// loadName says which load runs, in a word: udp, udp-gso16, tcp, tls.
-func (o Options) loadName() string {
-	if o.GSO > 1 {
-		return fmt.Sprintf("%s-gso%d", o.Transport, o.GSO)
+// LoadName says which load runs, in a word: udp, udp-gso16, tcp, tls
+// (and -vs-nogro with the GRO-off baseline).
+func (o Options) LoadName() string {
+	name := string(o.Transport)
+	if name == "" {
+		name = string(UDP) // the default
 	}
-	return string(o.Transport)
+	if o.GSO > 1 {
+		name = fmt.Sprintf("%s-gso%d", name, o.GSO)
+	}
+	if o.BaselineNoGRO {
+		name += "-vs-nogro"
+	}
+	return name
 }
 
-func summarize(name string, runs []Run, ours bool) Side {
-	s := Side{Name: name, Runs: runs, AllocsPerPacket: -1}
+// summarize is s's side over its runs; allocations per packet only for
+// our servers (the ones with /stats).
+func summarize(srv *server, runs []Run) Side {
+	s := Side{Name: srv.name, Runs: runs, AllocsPerPacket: -1}
 	var relayed, lost, mallocs, serverRelayed uint64
 	var perSec, use []float64
 	for _, r := range runs {
@@ -391,7 +420,7 @@ func summarize(name string, runs []Run, ours bool) Side {
 	if relayed > 0 {
 		s.LossRate = float64(lost) / float64(relayed)
 	}
-	if ours && serverRelayed > 0 {
+	if srv.debug != "" && serverRelayed > 0 {
 		s.AllocsPerPacket = float64(mallocs) / float64(serverRelayed)
 	}
 	return s

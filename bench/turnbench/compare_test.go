@@ -8,58 +8,26 @@ import (
 	"time"
 )
 
-// TestCompareSmoke runs one short round of each server at one payload:
+// TestCompareSmoke runs one short round of each server at one payload for
+// each load: UDP one datagram per send, GRO-coalesced UDP input (GSO
+// runs), the same against ours with GRO off, TURN over TCP and over TLS:
 // the comparison's plumbing (building and pinning turnserve, starting
 // coturn, the load generator, CPU and malloc accounting) works end to end.
-// The figures of so short a run mean nothing; `make bench` takes them.
+// Each must relay and produce a ratio; TLS must negotiate the same suite
+// on both. The figures of so short a run mean nothing; `make bench` takes
+// them.
 func TestCompareSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two servers")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Compare(ctx, Options{
-		Rounds:   2,
-		Payloads: []int{120},
-		Duration: 300 * time.Millisecond,
-		Progress: os.Stderr,
-	})
-	if err != nil {
-		t.Fatalf("Compare: %v", err)
-	}
-	if len(rep.Results) != 1 {
-		t.Fatalf("%d results, want 1", len(rep.Results))
-	}
-	r := rep.Results[0]
-	for _, s := range []Side{r.Ours, r.Coturn} {
-		if len(s.Runs) != 1 || s.PerSec <= 0 || s.PerCoreSec <= 0 {
-			t.Errorf("%s: %+v", s.Name, s)
-		}
-	}
-	if r.Ours.AllocsPerPacket < 0 {
-		t.Errorf("ours: no allocations per packet")
-	}
-	if r.Ratio <= 0 {
-		t.Errorf("ratio %v", r.Ratio)
-	}
-	t.Logf("smoke: ours %.0f pkt/core-s, coturn %.0f, ratio %.2f; %.3f allocs/packet",
-		r.Ours.PerCoreSec, r.Coturn.PerCoreSec, r.Ratio, r.Ours.AllocsPerPacket)
-}
-
-// TestCompareSmokeTransports runs one short round of each server for each
-// other load: GRO-coalesced UDP input (GSO runs), TURN over TCP and over
-// TLS. Each must relay and produce a ratio; TLS must negotiate the same
-// suite on both.
-func TestCompareSmokeTransports(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two servers per load")
 	}
 	for _, o := range []Options{
+		{},
 		{GSO: 16},
+		{GSO: 16, BaselineNoGRO: true},
 		{Transport: TCP},
 		{Transport: TLS},
 	} {
-		t.Run(o.loadName(), func(t *testing.T) {
+		t.Run(o.LoadName(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			o.Rounds, o.Payloads, o.Duration, o.Progress = 2, []int{120}, 300*time.Millisecond, os.Stderr
@@ -71,7 +39,7 @@ func TestCompareSmokeTransports(t *testing.T) {
 				t.Fatalf("%d results, want 1", len(rep.Results))
 			}
 			r := rep.Results[0]
-			for _, s := range []Side{r.Ours, r.Coturn} {
+			for _, s := range []Side{r.Ours, r.Baseline} {
 				if len(s.Runs) != 1 || s.PerSec <= 0 || s.PerCoreSec <= 0 {
 					t.Errorf("%s: %+v", s.Name, s)
 				}
@@ -81,8 +49,17 @@ func TestCompareSmokeTransports(t *testing.T) {
 					}
 				}
 			}
-			if o.Transport == TLS && (r.Ours.TLSSuite == "" || r.Ours.TLSSuite != r.Coturn.TLSSuite) {
-				t.Errorf("TLS suites: ours %q, coturn %q", r.Ours.TLSSuite, r.Coturn.TLSSuite)
+			if r.Ours.AllocsPerPacket < 0 {
+				t.Errorf("ours: no allocations per packet")
+			}
+			switch {
+			case o.BaselineNoGRO && (r.Baseline.Name != "ours-nogro" || r.Baseline.AllocsPerPacket < 0 || rep.Coturn != ""):
+				t.Errorf("GRO-off baseline: %q, %v allocations per packet, coturn %q", r.Baseline.Name, r.Baseline.AllocsPerPacket, rep.Coturn)
+			case !o.BaselineNoGRO && r.Baseline.Name != "coturn":
+				t.Errorf("baseline %q, want coturn", r.Baseline.Name)
+			}
+			if o.Transport == TLS && (r.Ours.TLSSuite == "" || r.Ours.TLSSuite != r.Baseline.TLSSuite) {
+				t.Errorf("TLS suites: ours %q, coturn %q", r.Ours.TLSSuite, r.Baseline.TLSSuite)
 			}
 			if r.Ratio <= 0 {
 				t.Errorf("ratio %v", r.Ratio)
@@ -91,7 +68,8 @@ func TestCompareSmokeTransports(t *testing.T) {
 			if !strings.Contains(md, o.loadTitle()) || !strings.Contains(md, "| 120 B |") {
 				t.Errorf("report lacks the load's title or its row:\n%s", md)
 			}
-			t.Logf("%s: ours %.0f pkt/core-s, coturn %.0f, ratio %.2f", o.loadName(), r.Ours.PerCoreSec, r.Coturn.PerCoreSec, r.Ratio)
+			t.Logf("%s: ours %.0f pkt/core-s, %s %.0f, ratio %.2f; %.3f allocs/packet", o.LoadName(),
+				r.Ours.PerCoreSec, r.Baseline.Name, r.Baseline.PerCoreSec, r.Ratio, r.Ours.AllocsPerPacket)
 		})
 	}
 }
@@ -105,6 +83,7 @@ func TestOptionsRefuseImpossibleLoads(t *testing.T) {
 		{GSO: 65},
 		{GSO: 64, Payloads: []int{1200}}, // 64 × 1,204 bytes is past 65,507
 		{Transport: "quic"},
+		{Transport: TCP, BaselineNoGRO: true}, // GRO is UDP's
 	} {
 		if _, err := o.withDefaults(); err == nil {
 			t.Errorf("%+v: accepted", o)

@@ -8,8 +8,16 @@ import (
 // Markdown renders the report as a section for bench/results.
 func (r Report) Markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## TURN relay: edgerelay vs coturn, %s\n\n", r.Options.loadTitle())
-	fmt.Fprintf(&b, "%s; %s; %s. ", r.Machine, r.Go, firstLine(r.Coturn))
+	base, against := "coturn", "coturn"
+	if r.Options.BaselineNoGRO {
+		base, against = "GRO off", "edgerelay with UDP_GRO off"
+	}
+	fmt.Fprintf(&b, "## TURN relay: edgerelay vs %s, %s\n\n", against, r.Options.loadTitle())
+	fmt.Fprintf(&b, "%s; %s", r.Machine, r.Go)
+	if !r.Options.BaselineNoGRO {
+		fmt.Fprintf(&b, "; %s", firstLine(r.Coturn))
+	}
+	fmt.Fprintf(&b, ". ")
 	if r.Pinned {
 		fmt.Fprintf(&b, "Servers pinned to core %d, load generator to core %d (taskset). ", r.Options.ServerCPU, r.Options.LoadCPU)
 	}
@@ -18,17 +26,17 @@ func (r Report) Markdown() string {
 		"%d rounds per payload in ABBA order, the first a warm-up, %v counted per run; medians. "+
 		"Packets are datagrams relayed in either direction; per core-second is per second of the server process's CPU time.\n\n",
 		r.Options.Allocations, r.Options.Window, r.Options.Rounds, r.Options.Duration)
-	fmt.Fprintf(&b, "| payload | ours pkt/core-s | coturn pkt/core-s | ratio | per-round ratio | ours pkt/s | coturn pkt/s | ours core use | coturn core use | ours allocs/pkt | loss ours / coturn | kernel drops ours / coturn |\n")
+	fmt.Fprintf(&b, "| payload | ours pkt/core-s | %[1]s pkt/core-s | ratio | per-round ratio | ours pkt/s | %[1]s pkt/s | ours core use | %[1]s core use | ours allocs/pkt | loss ours / %[1]s | kernel drops ours / %[1]s |\n", base)
 	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Results {
 		fmt.Fprintf(&b, "| %d B | %.0f | %.0f | **%.2f×** | %.2f× | %.0f | %.0f | %.0f%% | %.0f%% | %.4f | %.4f%% / %.4f%% | %d / %d |\n",
-			p.Payload, p.Ours.PerCoreSec, p.Coturn.PerCoreSec, p.Ratio, p.RoundRatio,
-			p.Ours.PerSec, p.Coturn.PerSec, 100*p.Ours.CoreUse, 100*p.Coturn.CoreUse,
-			p.Ours.AllocsPerPacket, 100*p.Ours.LossRate, 100*p.Coturn.LossRate, p.Ours.Drops, p.Coturn.Drops)
+			p.Payload, p.Ours.PerCoreSec, p.Baseline.PerCoreSec, p.Ratio, p.RoundRatio,
+			p.Ours.PerSec, p.Baseline.PerSec, 100*p.Ours.CoreUse, 100*p.Baseline.CoreUse,
+			p.Ours.AllocsPerPacket, 100*p.Ours.LossRate, 100*p.Baseline.LossRate, p.Ours.Drops, p.Baseline.Drops)
 	}
 	for _, p := range r.Results {
-		if p.Ours.TLSSuite != "" || p.Coturn.TLSSuite != "" {
-			fmt.Fprintf(&b, "\nTLS cipher suite negotiated: ours %s, coturn %s.\n", p.Ours.TLSSuite, p.Coturn.TLSSuite)
+		if p.Ours.TLSSuite != "" || p.Baseline.TLSSuite != "" {
+			fmt.Fprintf(&b, "\nTLS cipher suite negotiated: ours %s, %s %s.\n", p.Ours.TLSSuite, base, p.Baseline.TLSSuite)
 			break
 		}
 	}
@@ -69,8 +77,8 @@ func (o Options) loadDescription() string {
 	case o.GSO > 1:
 		return fmt.Sprintf("Each client sends its window as GSO runs: %d datagrams of the same size per sendmsg with a UDP_SEGMENT "+
 			"control message, a run sent once %d of its window's slots are free. On loopback a run stays one buffer up to the "+
-			"receiving socket: ours, with UDP_GRO on its listener, reads it coalesced; coturn, without, reads the datagrams "+
-			"one by one. The echo peers send back one datagram at a time.", o.GSO, o.GSO)
+			"receiving socket: ours, with UDP_GRO on its listener, reads it coalesced; %s, without, reads the datagrams "+
+			"one by one. The echo peers send back one datagram at a time.", o.GSO, o.GSO, o.baselineName())
 	case o.Transport == TCP:
 		return "Each allocation is a TCP connection of its own (RFC 8656 §12.5), UDP relay; ChannelData frames padded to 4 bytes, " +
 			"one write per frame as window slots free up."
@@ -79,4 +87,12 @@ func (o Options) loadDescription() string {
 			"ChannelData frames padded to 4 bytes, one write (one record) per frame as window slots free up."
 	}
 	return "Each client sends one datagram per send."
+}
+
+// baselineName is the baseline in a sentence.
+func (o Options) baselineName() string {
+	if o.BaselineNoGRO {
+		return "ours with UDP_GRO off"
+	}
+	return "coturn"
 }

@@ -41,16 +41,32 @@ func pinned(cpu int, argv ...string) []string {
 	return append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
 }
 
+// oursOptions are how one of our servers is started beside the common
+// secret, realm and core.
+type oursOptions struct {
+	// socketBuffer, when positive, is turnserve's -socket-buffer (else its
+	// default).
+	socketBuffer int
+	// cert, when not nil, adds a turns: listener.
+	cert *benchCert
+	// noGRO starts it with -no-gro, under the name "ours-nogro".
+	noGRO bool
+}
+
 // startOurs runs the turnserve binary and reads its start-up line.
-// socketBuffer, when positive, is its -socket-buffer (else its default);
-// cert, when not nil, adds a turns: listener.
-func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer int, cert *benchCert) (*server, error) {
+func startOurs(ctx context.Context, bin, secret, realm string, cpu int, oo oursOptions) (*server, error) {
 	args := []string{bin, "-listen", "127.0.0.1:0", "-secret", secret, "-realm", realm, "-allow-peers", "127.0.0.0/8"}
-	if socketBuffer > 0 {
-		args = append(args, "-socket-buffer", strconv.Itoa(socketBuffer))
+	if oo.socketBuffer > 0 {
+		args = append(args, "-socket-buffer", strconv.Itoa(oo.socketBuffer))
 	}
+	cert := oo.cert
 	if cert != nil {
 		args = append(args, "-tls-listen", "127.0.0.1:0", "-tls-cert", cert.certFile, "-tls-key", cert.keyFile)
+	}
+	name := "ours"
+	if oo.noGRO {
+		args = append(args, "-no-gro")
+		name = "ours-nogro"
 	}
 	argv := pinned(cpu, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -62,7 +78,7 @@ func startOurs(ctx context.Context, bin, secret, realm string, cpu, socketBuffer
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("turnbench: starting turnserve: %w", err)
 	}
-	s := &server{name: "ours", cmd: cmd, done: make(chan error, 1)}
+	s := &server{name: name, cmd: cmd, done: make(chan error, 1)}
 	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)

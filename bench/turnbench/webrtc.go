@@ -183,7 +183,7 @@ func CompareWebRTC(ctx context.Context, o WebRTCOptions) (rep WebRTCReport, err 
 	}
 
 	const secret, realm = "turnbench-secret", "turnbench"
-	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, o.SocketBuffer, nil)
+	ours, err := startOurs(ctx, o.Turnserve, secret, realm, serverCPU, oursOptions{socketBuffer: o.SocketBuffer})
 	if err != nil {
 		return rep, err
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"edgerelay/bench/signalbench"
-	"edgerelay/bench/turnbench"
 )
 
 const signalOutput = `pkg: edgerelay/bench/signalbench
@@ -85,34 +84,6 @@ func TestPushRows(t *testing.T) {
 	)
 }
 
-func TestTURNRows(t *testing.T) {
-	side := func(perCore, perSec, use, allocs float64) turnbench.Side {
-		return turnbench.Side{PerCoreSec: perCore, PerSec: perSec, CoreUse: use, AllocsPerPacket: allocs}
-	}
-	r := turnResults{rep: turnbench.Report{
-		Options: turnbench.Options{Allocations: 8, Window: 16},
-		Pinned:  true,
-		Results: []turnbench.PayloadResult{
-			{Payload: 120, Ours: side(250_000, 170_000, 0.68, 0.003), Coturn: side(230_000, 150_000, 0.65, -1), Ratio: 1.09, RoundRatio: 1.08},
-			{Payload: 1200, Ours: side(200_000, 140_000, 0.7, 0.004), Coturn: side(220_000, 150_000, 0.68, -1), Ratio: 0.91, RoundRatio: 0.92},
-		},
-	}}
-	out := render(runInfo{date: time.Unix(0, 0)}, turnRows(r), "")
-	contains(t, out,
-		"| TURN relayed packets per server CPU-second, 120 B payloads (packets/s, server core use); each server a process of its own pinned to one core, "+
-			"the load generator on another; 8 allocations × 16 in flight, ChannelData to UDP echo peers; baseline: coturn "+
-			"| 250,000 (170,000/s, 68% of a core) | 230,000 (150,000/s, 65% of a core) | 1.08× (ratio of the medians 1.09×) | ≥ 1.0× — met |",
-		"| TURN heap allocations per relayed packet, 120 B payloads (our server process) | 0.003 | — (coturn is C) | — | — |",
-		"1,200 B payloads (packets/s",
-		"| 0.92× (ratio of the medians 0.91×) | ≥ 1.0× — **not met** |",
-	)
-	out = render(runInfo{date: time.Unix(0, 0)}, append(turnRows(turnResults{skipped: true}), turnRows(turnResults{err: errors.New("turnserver not found")})...), "")
-	contains(t, out,
-		"| TURN relay vs coturn | skipped | skipped | — | ≥ 1.0× — skipped (-turn=false) |",
-		"| TURN relay comparison against coturn | failed | failed | — | error: turnserver not found |",
-	)
-}
-
 func TestBenchRuns(t *testing.T) {
 	s, err := parseSettings([]string{"-push-benchtime=2s"}, true)
 	if err != nil {
@@ -138,8 +109,8 @@ func TestBenchRuns(t *testing.T) {
 	}
 }
 
-// The load comparisons' cells give the spread of their rounds.
-func TestSignalAndTURNSpread(t *testing.T) {
+// The signal comparison's cells give the spread of its rounds (TURN's: turn_test.go).
+func TestSignalSpread(t *testing.T) {
 	runs := []signalbench.Run{{Frames: 100, Elapsed: time.Second, CPU: time.Second / 2}, {Frames: 120, Elapsed: time.Second, CPU: time.Second / 2}}
 	base := []signalbench.Run{{Frames: 100, Elapsed: time.Second, CPU: time.Second}, {Frames: 100, Elapsed: time.Second, CPU: time.Second}}
 	r := signalResults{rep: signalbench.Report{Options: signalbench.Options{Pairs: 32}, Results: []signalbench.LoadResult{{
@@ -149,16 +120,6 @@ func TestSignalAndTURNSpread(t *testing.T) {
 	}}}}
 	out := render(runInfo{date: time.Unix(0, 0)}, signalRows(r, benchResults{}), "")
 	if !strings.Contains(out, "| 220 [200–240] (0/s, 0% of a core) | 100 [100–100] (0/s, 0% of a core) | 2.20× [2.00–2.40×] (ratio of the medians 2.20×) |") {
-		t.Errorf("no spread:\n%s", out)
-	}
-	tr := turnResults{rep: turnbench.Report{Results: []turnbench.PayloadResult{{
-		Payload: 120,
-		Ours:    turnbench.Side{Runs: []turnbench.Run{{Relayed: 10, CPU: time.Second}, {Relayed: 30, CPU: time.Second}}, PerCoreSec: 20},
-		Coturn:  turnbench.Side{Runs: []turnbench.Run{{Relayed: 10, CPU: time.Second}, {Relayed: 10, CPU: time.Second}}, PerCoreSec: 10},
-		Ratio:   2, RoundRatio: 2,
-	}}}}
-	out = render(runInfo{date: time.Unix(0, 0)}, turnRows(tr), "")
-	if !strings.Contains(out, "| 20 [10–30] (0/s, 0% of a core) | 10 [10–10] (0/s, 0% of a core) | 2.00× [1.00–3.00×] (ratio of the medians 2.00×) |") {
 		t.Errorf("no spread:\n%s", out)
 	}
 }

@@ -1,7 +1,8 @@
 // Command turncompare runs the TURN comparison (package bench/turnbench)
 // on its own and prints its Markdown report: edgerelay's TURN server
 // beside coturn's turnserver, pinned to separate cores from the load
-// generator. coturn must be installed (.ci/install-coturn.sh).
+// generator (or, with -vs-nogro, beside itself with UDP_GRO off). coturn
+// must be installed (.ci/install-coturn.sh).
 package main
 
 import (
@@ -31,6 +32,8 @@ func main() {
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
 	flag.IntVar(&o.SocketBuffer, "socket-buffer", 0, "our server's socket buffer in bytes (0: its default)")
 	flag.IntVar(&o.ProfileSeconds, "profile", 5, "seconds of CPU profile of our server (0: none)")
+	flag.BoolVar(&o.BaselineNoGRO, "vs-nogro", false, "compare ours against ours with UDP_GRO off (turnserve -no-gro) instead of coturn; with -gso, what coalesced reads are worth")
+	flag.StringVar(&o.Turnserve, "turnserve", "", "our server's binary (bench/turnbench/cmd/turnserve); empty: built from this checkout")
 	flag.Parse()
 	for _, p := range strings.Split(*payloads, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(p))

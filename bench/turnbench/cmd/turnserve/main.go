@@ -52,6 +52,7 @@ func run() error {
 	tlsListen := flag.String("tls-listen", "", "turns: (TLS over TCP) listen address; empty: none")
 	tlsCert := flag.String("tls-cert", "", "PEM certificate for -tls-listen")
 	tlsKey := flag.String("tls-key", "", "PEM private key for -tls-listen")
+	noGRO := flag.Bool("no-gro", false, "leave UDP_GRO off on the listener and the relay sockets (turn.Config.NoGRO), to measure what coalesced reads are worth")
 	flag.Parse()
 
 	var prefixes []netip.Prefix
@@ -83,6 +84,7 @@ func run() error {
 		AllowPeers:     prefixes,
 		MaxAllocations: *maxAllocs,
 		SocketBuffer:   *socketBuffer,
+		NoGRO:          *noGRO,
 		MaxPerUser:     -1,
 		MaxPerIP:       -1,
 		Log:            slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
