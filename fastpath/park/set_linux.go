@@ -156,17 +156,19 @@ func (p *Set) give(slot int32) {
 // A Reg is one socket's registration with a set. mu orders Arm (the
 // socket's reader) against Unregister (its teardown, from any goroutine).
 type Reg struct {
-	mu    sync.Mutex
-	p     *Set
-	rc    syscall.RawConn
-	slot  int32
-	gen   uint32
-	added bool // in the epoll set (armed, or fired and not re-armed)
-	ended bool // Unregister has run: Register refuses from then on
-	// err is what the last epoll_ctl returned (written inside rc.Control,
-	// whose callback is a method value made once: no allocation per arm).
-	err             error
-	armFn, removeFn func(fd uintptr)
+	mu sync.Mutex
+	p  *Set
+	rc syscall.RawConn
+	// err is what the last epoll_ctl returned. It is written inside
+	// rc.Control, whose callback ctlFn is the method value r.ctl, made
+	// once (no allocation per arm), which does what remove says.
+	err    error
+	ctlFn  func(fd uintptr)
+	slot   int32
+	gen    uint32
+	added  bool // in the epoll set (armed, or fired and not re-armed)
+	ended  bool // Unregister has run: Register refuses from then on
+	remove bool // ctl takes the socket out of the set (else arms it)
 }
 
 // Register prepares the socket rc for waits in p: each Arm then calls
@@ -184,7 +186,7 @@ func (r *Reg) Register(p *Set, rc syscall.RawConn, wake func()) bool {
 	}
 	r.p, r.rc = p, rc
 	r.slot, r.gen = p.take(wake)
-	r.armFn, r.removeFn = r.armOn, r.removeFrom
+	r.ctlFn = r.ctl
 	return true
 }
 
@@ -196,13 +198,20 @@ func (r *Reg) Arm() error {
 	if r.p == nil {
 		return ErrClosed
 	}
-	if err := r.rc.Control(r.armFn); err != nil {
+	r.remove = false
+	if err := r.rc.Control(r.ctlFn); err != nil {
 		return fmt.Errorf("park: arm: %w", err)
 	}
 	return r.err
 }
 
-func (r *Reg) armOn(fd uintptr) {
+// ctl arms the socket fd in the set, or takes it out (remove).
+func (r *Reg) ctl(fd uintptr) {
+	if r.remove {
+		r.err = unix.EpollCtl(r.p.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+		r.added = false
+		return
+	}
 	ev := unix.EpollEvent{
 		Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
 		Fd:     r.slot,
@@ -229,15 +238,11 @@ func (r *Reg) Unregister() {
 		return
 	}
 	if r.added {
-		_ = r.rc.Control(r.removeFn)
+		r.remove = true
+		_ = r.rc.Control(r.ctlFn)
 	}
 	r.p.give(r.slot)
 	r.p = nil
-}
-
-func (r *Reg) removeFrom(fd uintptr) {
-	r.err = unix.EpollCtl(r.p.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
-	r.added = false
 }
 
 // GetReader is a read buffer of size bytes over r, from the set's pool:

@@ -113,3 +113,43 @@ func TestReadBufferShrinksAfterHugeMessage(t *testing.T) {
 		t.Fatalf("a buffer of %d bytes was not kept: now %d (%v)", keep, cap(c.msg), err)
 	}
 }
+
+// An idle socket keeps no Done channel: it is made on demand, and one
+// first asked for after the writer has finished is closed already.
+func TestDoneMadeAfterTheEnd(t *testing.T) {
+	server, client := net.Pipe()
+	defer client.Close()
+	c := newConn(server, Options{})
+	c.mu.Lock()
+	made := c.done != nil
+	c.mu.Unlock()
+	if made {
+		t.Fatal("a new Conn holds a Done channel")
+	}
+	c.Abort() // no close frame: the writer ends at once
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		ended, made := c.writerDone, c.done != nil
+		c.mu.Unlock()
+		if made {
+			t.Fatal("the writer's end made a Done channel nobody asked for")
+		}
+		if ended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer did not end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done := c.Done()
+	select {
+	case <-done:
+	default:
+		t.Fatal("Done asked after the end is open")
+	}
+	if c.Done() != done {
+		t.Fatal("Done changed channel")
+	}
+}

@@ -42,7 +42,8 @@ type Options struct {
 	// with KeepHijackedConns set: otherwise fasthttp closes the
 	// connection as soon as the hijack handler returns.
 	Detach bool
-	// ReadBufferSize sizes the buffered reader. Default 4 KiB.
+	// ReadBufferSize sizes the buffered reader. Default 4 KiB; at least
+	// minReadBuffer (a control frame's payload is read in place).
 	ReadBufferSize int
 	// CloseTimeout bounds how long a closing socket may take to flush its
 	// queue and the close frame, and then to wait for the peer's close
@@ -70,6 +71,7 @@ func (o *Options) setDefaults() {
 	if o.ReadBufferSize <= 0 {
 		o.ReadBufferSize = 4 << 10
 	}
+	o.ReadBufferSize = max(o.ReadBufferSize, minReadBuffer)
 	if o.CloseTimeout <= 0 {
 		o.CloseTimeout = 5 * time.Second
 	}
@@ -108,56 +110,40 @@ func (e *CloseError) Error() string {
 // Upgrade hands the Conn to); any goroutine may queue messages; one writer
 // goroutine owned by the Conn writes them.
 type Conn struct {
+	// The fields are ordered so that the struct packs without holes: an
+	// idle socket keeps it, and its size class counts a million times.
 	nc     net.Conn
 	br     *bufio.Reader
 	opts   Options
-	remote net.Addr // kept: nc must not be touched once serve has returned
+	remote net.Addr     // kept: nc must not be touched once serve has returned
+	tcp    *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
 
 	// Read side: used by the goroutine in ReadMessage, and by the writer's
 	// linger once the handler no longer reads; readMu is held by either.
-	readMu sync.Mutex
-	msg    []byte // reassembly buffer, reused for every message
-	hdr    [14]byte
-	ctl    [125]byte // control frame payload; a field so that it is not allocated per frame
-	// misaligned: a read ended inside a frame, so what follows cannot be
-	// parsed as frames (the drain discards it raw); inputDone: the drain
-	// has ended (the peer's close, its EOF, or a bound), nothing is left
-	// to read. Both under readMu.
-	misaligned, inputDone bool
-	inputEnd              error        // why the input ended, once inputDone: every later ReadMessage returns it
-	lastInput             time.Time    // when the drain last found input
-	tcp                   *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
+	readMu    sync.Mutex
+	msg       []byte // reassembly buffer, reused for every message
+	inputEnd  error  // why the input ended, once inputDone: every later ReadMessage returns it
+	lastInput int64  // unix ns: when the drain last found input
 
-	// Serving (Serve) and parking (park.go). serving, onMessage, onEnd
-	// and parkable are set once by Serve; gotData (under readMu): a data
-	// message came since the socket last woke.
-	serving, parkable bool
-	gotData           bool
-	// readSinceWake (under readMu): a frame header came since the parker
-	// last woke the socket; true from the start (nothing woke it).
-	readSinceWake bool
-	woke          atomic.Bool // the parker woke the socket: next resets the two above
-	onMessage     func(op int, payload []byte) bool
-	onEnd         func(error)
-	park          park.Reg
-	parkState     atomic.Int32
-	silenceBy     atomic.Int64 // unix ns: when a silent socket is closed (SilenceTimeout)
-	silencer      *time.Timer  // closes a silent parked socket; used under readMu
+	// Serving (Serve) and parking (park.go). onMessage, onEnd, serving
+	// and parkable are set once by Serve.
+	onMessage func(op int, payload []byte) bool
+	onEnd     func(error)
+	park      park.Reg
+	silenceBy atomic.Int64 // unix ns: when a silent socket is closed (SilenceTimeout)
 
 	// Write side. pending collects framed bytes; the writer swaps it with
 	// writing and flushes writing in one system call, so a burst of small
 	// frames costs one write.
-	mu        sync.Mutex
-	pending   []byte
-	spare     []byte // the writer's buffer between its runs
-	inFlight  int    // bytes of writing not yet written
-	closing   bool
-	closeCode int
-	// writerOn: a writer goroutine runs (it runs only while something is
-	// queued, and for the close); writerDone: the last one has finished.
-	// wroteData: a data message was queued since the last ping tick.
-	writerOn, writerDone, wroteData bool
-	pinger                          *time.Timer // the ping tick; under mu
+	mu       sync.Mutex
+	pending  []byte
+	spare    []byte // the writer's buffer between its runs
+	inFlight int    // bytes of writing not yet written
+	// timer is the socket's one timer (see fire): the ping tick, or the
+	// silence's deadline of a parked socket when that comes first;
+	// pingAt (unix ns) is when the next ping is due. Under mu.
+	timer  *time.Timer
+	pingAt int64
 	// writeFn and readFn are c.writeLoop and c.readLoop, made once: a go
 	// statement on a method call would allocate its closure each time.
 	writeFn, readFn func()
@@ -165,33 +151,63 @@ type Conn struct {
 	// socket starts closing, waking every WaitQueued; made by the first
 	// waiter, so that a socket nobody waits on allocates nothing per write.
 	drained chan struct{}
-	done    chan struct{} // closed when the writer has finished
-	shut    atomic.Bool   // the socket is being torn down
+	// done is closed when the writer has finished (writerDone); made by
+	// the first Done, so that an idle socket keeps no channel. Under mu.
+	done      chan struct{}
+	closeBy   atomic.Int64 // unix ns: the close's deadline, CloseTimeout after Close
+	sentAllAt atomic.Int64 // unix ns: when sentAll was set
+	closeOnce sync.Once
+	parkState atomic.Int32
+	woke      atomic.Bool // the parker woke the socket: next resets gotData and readSinceWake
+	shut      atomic.Bool // the socket is being torn down
+	pongSeen  atomic.Bool
 	// quitting: Close was called; what the peer sends from now on is read
 	// only to find its close, and dropped (see linger). sentAll: the
 	// writer has handed the close frame to the kernel.
 	quitting, sentAll atomic.Bool
-	closeBy           atomic.Int64 // unix ns: the close's deadline, CloseTimeout after Close
-	sentAllAt         atomic.Int64 // unix ns: when sentAll was set
-	pongSeen          atomic.Bool
-	closeOnce         sync.Once
+	closeCode         int32 // under mu
+	hdr               [14]byte
+
+	// Under readMu. misaligned: a read ended inside a frame, so what
+	// follows cannot be parsed as frames (the drain discards it raw);
+	// inputDone: the drain has ended (the peer's close, its EOF, or a
+	// bound), nothing is left to read. gotData: a data message came
+	// since the socket last woke. readSinceWake: a frame header came
+	// since the parker last woke the socket; true from the start
+	// (nothing woke it).
+	misaligned, inputDone, serving, parkable, gotData, readSinceWake bool
+
+	// Under mu. writerOn: a writer goroutine runs (it runs only while
+	// something is queued, and for the close); writerDone: the last one
+	// has finished. wroteData: a data message was queued since the last
+	// ping tick. timerPing: the timer is set for the next ping (else for
+	// the silence's deadline).
+	closing, writerOn, writerDone, wroteData, timerPing bool
 }
 
 func newConn(nc net.Conn, opts Options) *Conn {
 	opts.setDefaults()
 	c := &Conn{
 		nc:     nc,
-		br:     bufio.NewReaderSize(nc, opts.ReadBufferSize),
 		opts:   opts,
 		remote: nc.RemoteAddr(),
-		done:   make(chan struct{}),
 		tcp:    tcpConnOf(nc),
+	}
+	// With a parker the read buffer comes from its pool (where it goes
+	// when the socket parks): a burst of upgrades reuses a few buffers
+	// instead of leaving one per socket to the collector.
+	if opts.Parker != nil {
+		c.br = opts.Parker.GetReader(opts.ReadBufferSize, nc)
+	} else {
+		c.br = bufio.NewReaderSize(nc, opts.ReadBufferSize)
 	}
 	c.pongSeen.Store(true)
 	c.writeFn, c.readFn = c.writeLoop, c.readLoop
 	if opts.PingInterval > 0 {
-		c.mu.Lock() // the tick reads pinger under mu
-		c.pinger = time.AfterFunc(opts.PingInterval, c.tick)
+		c.mu.Lock() // fire reads the timer under mu
+		c.pingAt = time.Now().Add(opts.PingInterval).UnixNano()
+		c.timerPing = true
+		c.timer = time.AfterFunc(opts.PingInterval, c.fire)
 		c.mu.Unlock()
 	}
 	return c
@@ -423,12 +439,7 @@ func (c *Conn) setReadDeadline(by time.Time) error {
 // the stream must stay aligned to find the peer's close.
 func (c *Conn) readFull(p []byte) error {
 	n, err := io.ReadFull(c.br, p)
-	for err != nil && c.quitting.Load() && isTimeout(err) && !c.shut.Load() {
-		by := time.Unix(0, c.closeBy.Load())
-		if !time.Now().Before(by) {
-			break
-		}
-		_ = c.nc.SetReadDeadline(by)
+	for c.readsOn(err) {
 		var m int
 		m, err = io.ReadFull(c.br, p[n:])
 		n += m
@@ -438,6 +449,39 @@ func (c *Conn) readFull(p []byte) error {
 		c.noteTimeout(err)
 	}
 	return err
+}
+
+// peekFull is readFull for a control frame's payload: it is left in the
+// read buffer (at most 125 bytes, which every buffer holds: see
+// minReadBuffer) instead of being copied into a field of the Conn, and
+// stays valid until the next read.
+func (c *Conn) peekFull(n int) ([]byte, error) {
+	p, err := c.br.Peek(n)
+	for c.readsOn(err) {
+		p, err = c.br.Peek(n)
+	}
+	if err != nil {
+		c.misaligned = true
+		c.noteTimeout(err)
+		return nil, err
+	}
+	_, _ = c.br.Discard(n) // buffered: nothing is read, p stays as it is
+	return p, nil
+}
+
+// readsOn reports whether a read inside a frame that ended with err goes
+// on: a deadline met once closing, before the close's own, which it
+// then sets.
+func (c *Conn) readsOn(err error) bool {
+	if err == nil || !c.quitting.Load() || !isTimeout(err) || c.shut.Load() {
+		return false
+	}
+	by := time.Unix(0, c.closeBy.Load())
+	if !time.Now().Before(by) {
+		return false
+	}
+	_ = c.nc.SetReadDeadline(by)
+	return true
 }
 
 // noteTimeout closes a silent socket with 1001 when err is the silence
@@ -459,8 +503,8 @@ func (c *Conn) readControl(op int, fin bool, n uint64) error {
 	if !fin || n > 125 {
 		return c.fail(CloseProtocolError, "bad control frame")
 	}
-	p := c.ctl[:n]
-	if err := c.readFull(p); err != nil {
+	p, err := c.peekFull(int(n))
+	if err != nil {
 		return fmt.Errorf("ws: read control: %w", err)
 	}
 	maskBytes(c.hdr[:4], p)
@@ -549,7 +593,7 @@ func (c *Conn) WaitQueued(ctx context.Context, below int) error {
 		}
 		select {
 		case <-drained:
-		case <-c.done:
+		case <-c.Done():
 			return ErrClosed
 		case <-ctx.Done():
 			return ctx.Err()
@@ -632,7 +676,7 @@ func (c *Conn) close(code int, reason string, dropBacklog bool) {
 		if dropBacklog {
 			c.pending = c.pending[:0]
 		}
-		c.closing, c.closeCode = true, code
+		c.closing, c.closeCode = true, int32(code)
 		by := time.Now().Add(c.opts.CloseTimeout)
 		c.closeBy.Store(by.UnixNano())
 		c.quitting.Store(true)
@@ -677,18 +721,28 @@ func (c *Conn) Abort() {
 func (c *Conn) CloseCode() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.closeCode
+	return int(c.closeCode)
 }
 
 // Done is closed when the writer has finished and the socket is closed.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.writerDone {
+			close(c.done)
+		}
+	}
+	return c.done
+}
 
 // finish runs when the reading goroutine returns: the socket is closing
 // (1000 unless a code was chosen before) and the hijack handler waits for
 // the writer so the close frame is not cut off.
 func (c *Conn) finish() {
 	c.Close(CloseNormal, "")
-	<-c.done
+	<-c.Done()
 }
 
 // The linger. Write returns once the kernel has the bytes, not the peer:
@@ -815,11 +869,8 @@ func (c *Conn) awaitInput() error {
 			return errDrainEnded
 		}
 		if c.sentAll.Load() {
-			since := time.Unix(0, c.sentAllAt.Load())
-			if c.lastInput.After(since) {
-				since = c.lastInput
-			}
-			if now.Sub(since) >= drainQuiet && c.peerHasAll() {
+			since := max(c.sentAllAt.Load(), c.lastInput)
+			if now.UnixNano()-since >= int64(drainQuiet) && c.peerHasAll() {
 				return errDrainEnded
 			}
 		}
@@ -832,7 +883,7 @@ func (c *Conn) awaitInput() error {
 			return err // EOF: the peer is done
 		}
 	}
-	c.lastInput = time.Now()
+	c.lastInput = time.Now().UnixNano()
 	_ = c.nc.SetReadDeadline(by) // the frame that starts here may take until then
 	return nil
 }
@@ -864,6 +915,10 @@ func tcpConnOf(nc net.Conn) *net.TCPConn {
 	}
 	return nil
 }
+
+// minReadBuffer is the smallest read buffer: one that holds a control
+// frame's payload (125 bytes) once its header is read (see peekFull).
+const minReadBuffer = 128
 
 // maxKeptMessage is the largest read buffer a socket keeps between
 // messages.
@@ -943,24 +998,42 @@ func (c *Conn) endWriter() {
 	c.shutdownSocket()
 	c.mu.Lock()
 	c.writerOn, c.writerDone = false, true
-	if c.pinger != nil {
-		c.pinger.Stop()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.done != nil {
+		close(c.done)
 	}
 	c.mu.Unlock()
-	close(c.done)
 }
 
-// tick is the ping timer's: a socket that did not answer the last ping is
-// aborted (without SilenceTimeout), queue buffers of a socket that sent
-// no data since the last tick go back, and the next ping is queued.
-func (c *Conn) tick() {
-	if !c.pongSeen.Swap(false) && c.opts.SilenceTimeout == 0 {
-		c.Abort()
-		return
-	}
+// fire is the socket's timer. Set for the ping tick: a socket that did
+// not answer the last ping is aborted (without SilenceTimeout), queue
+// buffers of a socket that sent no data since the last tick go back, and
+// the next ping is queued. Set for the silence's deadline: a socket still
+// parked past it is closed with 1001 (one that woke meanwhile has its
+// reader's deadline instead). Either way the timer is set again for what
+// comes next.
+func (c *Conn) fire() {
+	now := time.Now().UnixNano()
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
+		return
+	}
+	if !c.timerPing {
+		if c.parkState.Load() == stateParked && now >= c.silenceBy.Load() {
+			c.mu.Unlock()
+			c.Close(CloseGoingAway, "silent too long")
+			return
+		}
+		c.scheduleLocked(now)
+		c.mu.Unlock()
+		return
+	}
+	if !c.pongSeen.Swap(false) && c.opts.SilenceTimeout == 0 {
+		c.mu.Unlock()
+		c.Abort()
 		return
 	}
 	// Big buffers go back once per interval: an idle socket holds little
@@ -977,9 +1050,36 @@ func (c *Conn) tick() {
 	if cap(c.spare) > limit {
 		c.spare = nil
 	}
-	c.pinger.Reset(c.opts.PingInterval)
+	c.pingAt = now + int64(c.opts.PingInterval)
+	c.scheduleLocked(now)
 	c.mu.Unlock()
 	_ = c.queueFrame(OpPing, nil, false)
+}
+
+// scheduleLocked sets the timer for what comes first: the next ping, or
+// the silence's deadline of a parked socket. c.mu is held. One timer
+// instead of two: an idle mailbox socket keeps a single runtime timer.
+func (c *Conn) scheduleLocked(now int64) {
+	wait, ping := time.Duration(-1), false
+	if c.opts.PingInterval > 0 {
+		// Bounded by the interval: a wall clock set back does not hold
+		// the next ping (the timer itself runs on the monotonic clock).
+		wait, ping = min(max(time.Duration(c.pingAt-now), 0), c.opts.PingInterval), true
+	}
+	if c.opts.SilenceTimeout > 0 && c.parkState.Load() == stateParked {
+		if left := max(time.Duration(c.silenceBy.Load()-now), 0); wait < 0 || left < wait {
+			wait, ping = left, false
+		}
+	}
+	if wait < 0 {
+		return
+	}
+	c.timerPing = ping
+	if c.timer == nil {
+		c.timer = time.AfterFunc(wait, c.fire)
+	} else {
+		c.timer.Reset(wait)
+	}
 }
 
 // shutdownSocket ends the TCP connection. A deadline in the past wakes the

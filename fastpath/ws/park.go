@@ -164,31 +164,24 @@ func (c *Conn) parkNow() bool {
 	return true
 }
 
-// armSilence sets the timer that closes the socket with 1001 when it stays
-// parked past the silence's deadline; false when that has passed.
+// armSilence sets the socket's timer (see fire) for the silence's
+// deadline, should that come before the next ping, so that a socket that
+// stays parked past it is closed with 1001 at that instant; false when it
+// has passed.
 func (c *Conn) armSilence() bool {
 	if c.opts.SilenceTimeout <= 0 {
 		return true
 	}
-	left := time.Until(time.Unix(0, c.silenceBy.Load()))
-	if left <= 0 {
+	now := time.Now().UnixNano()
+	if c.silenceBy.Load() <= now {
 		return false
 	}
-	if c.silencer == nil {
-		c.silencer = time.AfterFunc(left, c.silent)
-	} else {
-		c.silencer.Reset(left)
+	c.mu.Lock()
+	if !c.closing {
+		c.scheduleLocked(now)
 	}
+	c.mu.Unlock()
 	return true
-}
-
-// silent closes a socket that stayed parked past the silence's deadline.
-// A timer that fires as the socket wakes finds it reading and does
-// nothing: the reader has its own deadline.
-func (c *Conn) silent() {
-	if c.parkState.Load() == stateParked && time.Now().UnixNano() >= c.silenceBy.Load() {
-		c.Close(CloseGoingAway, "silent too long")
-	}
 }
 
 // wake puts a parked socket's reading back on a goroutine: the parker's

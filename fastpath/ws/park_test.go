@@ -168,6 +168,66 @@ func TestParkedSocketSilenceTimeout(t *testing.T) {
 	}
 }
 
+// One timer carries both rules of a mailbox socket: a parked socket whose
+// client reads the pings and answers none gets them every interval, and
+// is closed with 1001 at the silence's deadline, between two ticks; one
+// that answers stays open past several silences.
+func TestParkedSocketPingsUntilItsSilence(t *testing.T) {
+	const interval, silence = 200 * time.Millisecond, 500 * time.Millisecond
+	ps := startParked(t, ws.Options{SilenceTimeout: silence, PingInterval: interval}, false)
+	start := time.Now()
+	quiet := dialRaw(t, ps.addr, 0)
+	answering := dialRaw(t, ps.addr, 0)
+	ps.waitParked(t, 2)
+	var answered atomic.Int32
+	go func() { // answers every ping; ends with the socket
+		for {
+			f, err := answering.readFrame()
+			if err != nil {
+				return
+			}
+			if f.op == ws.OpPing {
+				answering.send(frame(fin|ws.OpPong, f.payload))
+				answered.Add(1)
+			}
+		}
+	}()
+
+	pings := 0
+	for {
+		f, err := quiet.readFrame()
+		if err != nil {
+			t.Fatalf("after %d pings: %v", pings, err)
+		}
+		if f.op == ws.OpPing {
+			pings++
+			continue
+		}
+		took := time.Since(start)
+		if f.op != ws.OpClose || binary.BigEndian.Uint16(f.payload) != ws.CloseGoingAway {
+			t.Fatalf("expected a close with 1001, got op %d %q", f.op, f.payload)
+		}
+		if took < silence || took > silence+lingerSlack {
+			t.Fatalf("closed after %v, a silence of %v", took, silence)
+		}
+		break
+	}
+	if pings < 2 {
+		t.Fatalf("%d pings in a silence of %v, every %v", pings, silence, interval)
+	}
+	quiet.send(closeFrame(ws.CloseGoingAway, ""))
+	if err := ps.end(t); err == nil {
+		t.Fatal("the silent socket's reading ended without an error")
+	}
+	// Pings over three silences, each answered: still open.
+	waitFor(t, "pings over three silences", func() bool { return answered.Load() > int32(3*silence/interval) })
+	select {
+	case err := <-ps.ends:
+		t.Fatalf("the answering socket ended: %v", err)
+	default:
+	}
+}
+
 // Closes reach parked sockets from both sides.
 func TestParkedSocketCloses(t *testing.T) {
 	ps := startParked(t, ws.Options{PingInterval: time.Hour}, false)

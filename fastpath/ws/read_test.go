@@ -316,3 +316,31 @@ func TestPeerCloseGorilla(t *testing.T) {
 		t.Errorf("reason %q, expected bye", ce.Reason)
 	}
 }
+
+// Control payloads are read in place in the read buffer: a buffer asked
+// smaller than the largest (125 bytes) is raised to hold it. A ping and a
+// close at the limit are answered whole; a ping one past it is refused.
+func TestControlFramesAtTheLimitWithTheSmallestBuffer(t *testing.T) {
+	col := newCollector()
+	ts := startServer(t, ws.Options{ReadBufferSize: 16}, col.serve)
+	rc := dialRaw(t, ts.addr, 0)
+	ping := pattern(125, 5)
+	rc.send(frame(fin|ws.OpPing, ping), textFrame("after the ping"))
+	rc.expectFrame(ws.OpPong, ping)
+	if m := col.next(t); m.op != ws.OpText || string(m.data) != "after the ping" {
+		t.Fatalf("got op %d %q, expected the text after the ping", m.op, m.data)
+	}
+	reason := string(pattern(123, 9))
+	rc.send(closeFrame(ws.CloseNormal, reason))
+	rc.expectClose(ws.CloseNormal)
+	var ce *ws.CloseError
+	if err := col.err(t); !errors.As(err, &ce) || !ce.ByPeer || ce.Code != ws.CloseNormal || ce.Reason != reason {
+		t.Fatalf("reading ended with %v, expected the peer's close with its 123-byte reason", err)
+	}
+
+	col = newCollector()
+	ts = startServer(t, ws.Options{ReadBufferSize: 16}, col.serve)
+	rc = dialRaw(t, ts.addr, 0)
+	rc.send(frame(fin|ws.OpPing, make([]byte, 126)))
+	expectFailure(t, rc, col, ws.CloseProtocolError)
+}
