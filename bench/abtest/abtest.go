@@ -12,6 +12,7 @@ package abtest
 
 import (
 	"fmt"
+	"io"
 	"slices"
 )
 
@@ -41,6 +42,40 @@ func Alternate[T any](rounds, warmup int, measure func(side, round int) (T, erro
 		}
 	}
 	return out, nil
+}
+
+// Naming is how Named names a comparison's sides in its errors and its
+// progress.
+type Naming struct {
+	// What is what is measured: an error reads "What, side, round 2: …".
+	What string
+	// Sides are the two sides' names, side 0's first.
+	Sides [2]string
+	// Progress, when not nil, gets one line per result.
+	Progress io.Writer
+}
+
+// Named is Alternate (no warm-up: each round a fresh server) with the
+// sides named: measure's error is wrapped with what it was measuring, and
+// each result is written to n.Progress as the line that line makes of it
+// (without its newline), as the runs go, so that a long comparison shows
+// where it is.
+func Named[T any](n Naming, rounds int, measure func(side, round int) (T, error), line func(side, round int, v T) string) ([2][]T, error) {
+	return Alternate(rounds, 0, func(side, round int) (T, error) {
+		v, err := measure(side, round)
+		if err != nil {
+			return v, fmt.Errorf("%s, %s, round %d: %w", n.What, n.Sides[side], round, err)
+		}
+		if n.Progress != nil {
+			fmt.Fprintln(n.Progress, line(side, round, v))
+		}
+		return v, nil
+	})
+}
+
+// Medians are the medians of f over each side's runs, side 0's first.
+func Medians[R any](runs [2][]R, f func(R) float64) (a, b float64) {
+	return Median(Values(runs[0], f)), Median(Values(runs[1], f))
 }
 
 // Median is the middle value (the mean of the two middle ones for an even

@@ -2,7 +2,9 @@ package abtest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -41,6 +43,47 @@ func TestAlternateStopsAtError(t *testing.T) {
 func TestAlternateNeedsCountedRounds(t *testing.T) {
 	if _, err := Alternate(1, 1, func(int, int) (int, error) { return 0, nil }); err == nil {
 		t.Fatal("no error when every round is warm-up")
+	}
+}
+
+func TestNamedReportsEachRun(t *testing.T) {
+	var out strings.Builder
+	n := Naming{What: "idle", Sides: [2]string{"ours", "theirs"}, Progress: &out}
+	got, err := Named(n, 2, func(side, round int) (int, error) { return 10*round + side, nil },
+		func(side, round, v int) string { return fmt.Sprintf("round %d %s %d", round, n.Sides[side], v) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got[0], []int{0, 10}) || !slices.Equal(got[1], []int{1, 11}) {
+		t.Errorf("results %v: want both rounds of each side", got)
+	}
+	if want := "round 0 ours 0\nround 0 theirs 1\nround 1 theirs 11\nround 1 ours 10\n"; out.String() != want {
+		t.Errorf("progress %q, want %q", out.String(), want)
+	}
+}
+
+func TestNamedNamesTheFailure(t *testing.T) {
+	boom := errors.New("boom")
+	lines := 0
+	_, err := Named(Naming{What: "idle", Sides: [2]string{"ours", "theirs"}}, 2, func(side, round int) (int, error) {
+		if round == 1 && side == 1 {
+			return 0, boom
+		}
+		return 0, nil
+	}, func(int, int, int) string { lines++; return "" })
+	if !errors.Is(err, boom) || err.Error() != "idle, theirs, round 1: boom" {
+		t.Errorf("err %v, want boom named", err)
+	}
+	if lines != 0 {
+		t.Errorf("%d lines made without a progress writer", lines)
+	}
+}
+
+func TestMedians(t *testing.T) {
+	runs := [2][]int{{3, 1, 2}, {10, 40}}
+	a, b := Medians(runs, func(v int) float64 { return float64(v) })
+	if a != 2 || b != 25 {
+		t.Errorf("Medians %v %v, want 2 and 25", a, b)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,9 +115,27 @@ func (p *Proc) WaitCount(ctx context.Context, n int) error {
 // and returns those that opened with every error.
 func OpenAll(ctx context.Context, n int, dial func(i int) (net.Conn, error)) ([]net.Conn, error) {
 	conns := make([]net.Conn, n)
+	err := ForEach(ctx, n, 32, func(i int) (err error) {
+		conns[i], err = dial(i)
+		return err
+	})
+	var open []net.Conn
+	for _, c := range conns {
+		if c != nil {
+			open = append(open, c)
+		}
+	}
+	return open, err
+}
+
+// ForEach calls f(0), …, f(n-1), parallel calls at a time, and returns
+// their errors joined; once ctx ends it starts no more (and says so).
+// Many at a time, sockets open faster, and a store's synced commits share
+// their syncs.
+func ForEach(ctx context.Context, n, parallel int, f func(i int) error) error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
+	sem := make(chan struct{}, max(parallel, 1)) // unbuffered, none would start
 	for i := range n {
 		if ctx.Err() != nil {
 			errs[i] = ctx.Err()
@@ -127,17 +146,19 @@ func OpenAll(ctx context.Context, n int, dial func(i int) (net.Conn, error)) ([]
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			conns[i], errs[i] = dial(i)
+			errs[i] = f(i)
 		}()
 	}
 	wg.Wait()
-	var open []net.Conn
-	for _, c := range conns {
-		if c != nil {
-			open = append(open, c)
-		}
-	}
-	return open, errors.Join(errs...)
+	return errors.Join(errs...)
+}
+
+// LoopbackSource is socket i's local address when a benchmark's sockets
+// come from aliases loopback addresses, 127.0.0.2 onwards, round robin:
+// each address has its own ephemeral ports (about 28,000), and a
+// listener's per-IP limit counts each apart.
+func LoopbackSource(i, aliases int) *net.TCPAddr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%aliases))}
 }
 
 // DialUpgrade opens one WebSocket the way a client does, by hand: a GET
@@ -150,15 +171,8 @@ func DialUpgrade(addr, path string, header ...string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := "GET " + path + " HTTP/1.1\r\nHost: " + addr +
-		"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13" +
-		"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="
-	for _, h := range header {
-		req += "\r\n" + h
-	}
-	req += "\r\n\r\n"
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, req); err != nil {
+	if _, err := io.WriteString(c, UpgradeRequest(addr, path, header...)); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
 	// Nothing follows the answer, so the answer is all there is to read.
@@ -181,6 +195,21 @@ func DialUpgrade(addr, path string, header ...string) (net.Conn, error) {
 	return c, nil
 }
 
+// UpgradeRequest is a client's WebSocket upgrade, a GET of path on addr,
+// with the extra header lines given ("Name: value"). The key is RFC
+// 6455's sample: nothing here checks the answer's accept value.
+func UpgradeRequest(addr, path string, header ...string) string {
+	var req strings.Builder
+	req.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + addr +
+		"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13" +
+		"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+	for _, h := range header {
+		req.WriteString("\r\n" + h)
+	}
+	req.WriteString("\r\n\r\n")
+	return req.String()
+}
+
 // IdleComparison is what idle sockets cost ours and the baseline, over
 // rounds of fresh server processes.
 type IdleComparison struct {
@@ -195,33 +224,24 @@ type IdleComparison struct {
 // warm-up), and writes one line per server to progress (when not nil),
 // what naming the sockets.
 func CompareIdle(rounds int, what string, progress io.Writer, measure func(side, round int) (IdleCost, error)) (IdleComparison, error) {
-	runs, err := abtest.Alternate(rounds, 0, func(side, round int) (IdleCost, error) {
-		c, err := measure(side, round)
-		if err != nil {
-			return c, fmt.Errorf("%s, %s, round %d: %w", what, Sides[side], round, err)
-		}
-		if progress != nil {
-			fmt.Fprintf(progress, "round %d %s %-8s %d: RSS %.1f → %.1f MiB, %.0f B each (stacks %.0f, heap %.0f), %.2f goroutines each\n",
-				round, what, Sides[side], c.Sockets, float64(c.Before.RSS)/(1<<20), float64(c.After.RSS)/(1<<20),
-				c.PerSocket, c.StackPerSocket, c.HeapPerSocket, c.GoroutinesPerSocket)
-		}
-		return c, nil
-	})
+	runs, err := abtest.Named(abtest.Naming{What: what, Sides: Sides, Progress: progress}, rounds, measure,
+		func(side, round int, c IdleCost) string {
+			return fmt.Sprintf("round %d %s %-8s %d: %s", round, what, Sides[side], c.Sockets, c.Summary())
+		})
 	if err != nil {
 		return IdleComparison{}, err
 	}
 	c := IdleComparison{Ours: runs[0], Baseline: runs[1]}
-	c.OursMedian, c.BaselineMedian = medianPerSocket(runs[0]), medianPerSocket(runs[1])
+	c.OursMedian, c.BaselineMedian = abtest.Medians(runs, func(c IdleCost) float64 { return c.PerSocket })
 	c.Ratio = c.BaselineMedian / c.OursMedian
 	return c, nil
 }
 
-func medianPerSocket(costs []IdleCost) float64 {
-	v := make([]float64, len(costs))
-	for i, c := range costs {
-		v[i] = c.PerSocket
-	}
-	return abtest.Median(v)
+// Summary is the cost in a few words, for a progress line: the resident
+// set before and after, and the growth per socket.
+func (c IdleCost) Summary() string {
+	return fmt.Sprintf("RSS %.1f → %.1f MiB, %.0f B each (stacks %.0f, heap %.0f), %.2f goroutines each",
+		float64(c.Before.RSS)/(1<<20), float64(c.After.RSS)/(1<<20), c.PerSocket, c.StackPerSocket, c.HeapPerSocket, c.GoroutinesPerSocket)
 }
 
 // Goroutines bounds the goroutines each socket of one side holds: a

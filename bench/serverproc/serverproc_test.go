@@ -2,6 +2,7 @@ package serverproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -135,5 +136,69 @@ func TestStartReportsAFailedServer(t *testing.T) {
 	_, err := Start(context.Background(), "false", -1, nil, "false")
 	if err == nil || !strings.Contains(err.Error(), "exited") {
 		t.Errorf("a server that exits at once: %v", err)
+	}
+}
+
+// EnsureFiles passes at the limit and fails one socket past it.
+func TestEnsureFiles(t *testing.T) {
+	limit, err := RaiseFileLimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit > 1<<40 {
+		t.Skipf("open files unlimited (%d): no edge to test", limit)
+	}
+	const headroom = 256
+	at := int(limit) - headroom
+	if err := EnsureFiles(at, headroom); err != nil {
+		t.Errorf("%d sockets and %d besides under a limit of %d: %v", at, headroom, limit, err)
+	}
+	if err := EnsureFiles(at+1, headroom); err == nil || !strings.Contains(err.Error(), "need as many open files") {
+		t.Errorf("one socket past the limit of %d: %v", limit, err)
+	}
+}
+
+func TestForEach(t *testing.T) {
+	const n, parallel = 200, 3
+	var inFlight, most, calls atomic.Int64
+	boom := errors.New("boom")
+	err := ForEach(context.Background(), n, parallel, func(i int) error {
+		now := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		calls.Add(1)
+		if i == 7 || i == n-1 {
+			return fmt.Errorf("call %d: %w", i, boom)
+		}
+		return nil
+	})
+	if calls.Load() != n || most.Load() > parallel {
+		t.Errorf("%d calls, %d at once at most, want %d and at most %d", calls.Load(), most.Load(), n, parallel)
+	}
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "call 7") || !strings.Contains(err.Error(), fmt.Sprintf("call %d", n-1)) {
+		t.Errorf("errors %v, want both failures", err)
+	}
+}
+
+// Once the context has ended, ForEach starts nothing more.
+func TestForEachStopsWithTheContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	called := false
+	err := ForEach(ctx, 10, 2, func(int) error { called = true; return nil })
+	if called || !errors.Is(err, context.Canceled) {
+		t.Errorf("called %v, error %v after the context ended", called, err)
+	}
+}
+
+func TestLoopbackSource(t *testing.T) {
+	for _, c := range []struct {
+		i, aliases int
+		want       string
+	}{{0, 64, "127.0.0.2"}, {63, 64, "127.0.0.65"}, {64, 64, "127.0.0.2"}, {5, 1, "127.0.0.2"}} {
+		if got := LoopbackSource(c.i, c.aliases).IP.String(); got != c.want {
+			t.Errorf("socket %d of %d aliases from %s, want %s", c.i, c.aliases, got, c.want)
+		}
 	}
 }
