@@ -191,17 +191,11 @@ func measureOne(ctx context.Context, o Options, kind Kind, parked bool) (Figure,
 	addr := p.Ready
 	open := func(ctx context.Context) ([]net.Conn, error) {
 		return serverproc.OpenAll(ctx, o.Sockets, func(i int) (net.Conn, error) {
-			return dial(addr, source(i, o.Aliases), kind)
+			return dial(addr, serverproc.LoopbackSource(i, o.Aliases), kind)
 		})
 	}
 	f.IdleCost, err = serverproc.MeasureIdle(ctx, p, o.Sockets, open, "")
 	return f, err
-}
-
-// source is connection i's local address: 127.0.0.2 onwards, round robin
-// over aliases, each with its own ephemeral ports.
-func source(i, aliases int) *net.TCPAddr {
-	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%aliases))}
 }
 
 // dial opens one connection of kind to addr from src.

@@ -91,8 +91,8 @@ func CompareIdle(ctx context.Context, o IdleOptions) (IdleReport, error) {
 		return IdleReport{}, err
 	}
 	computers := (o.Phones + o.PerComputer - 1) / o.PerComputer
-	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Phones+computers)+256 {
-		return IdleReport{}, fmt.Errorf("channelbench: %d sockets need as many open files; the limit is %d (%v)", o.Phones+computers, limit, err)
+	if err := serverproc.EnsureFiles(o.Phones+computers, 256); err != nil {
+		return IdleReport{}, fmt.Errorf("channelbench: %w", err)
 	}
 	dataDir := o.DataDir
 	if dataDir == "" {

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"edgerelay/bench/serverproc"
 )
 
 // DefaultAliases is how many loopback source addresses the clients spread
@@ -56,11 +58,6 @@ func newClient(ready string, useTLS bool, aliases int) (*client, error) {
 	return cl, nil
 }
 
-// source is socket i's local address: 127.0.0.2 onwards, round robin.
-func (c *client) source(i int) *net.TCPAddr {
-	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%c.aliases))}
-}
-
 // sock is one client WebSocket. Its Close resets the connection (linger
 // 0), so that no TIME_WAIT is left to eat the next server's ports and the
 // server sees the socket end at once, as after a NAT rebinding.
@@ -94,8 +91,6 @@ func (c *client) open(ctx context.Context, l Layout, i int) (*sock, error) {
 // connect connects from source i to addr, over TLS its handshake done,
 // and sends nothing.
 func (c *client) connect(ctx context.Context, addr string, i int) (*sock, error) {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
 	s, err := c.dial(ctx, addr, i)
 	if err != nil {
 		return nil, err
@@ -107,8 +102,6 @@ func (c *client) connect(ctx context.Context, addr string, i int) (*sock, error)
 // keepAlive connects from source i to addr, has GET /health answered,
 // and keeps the connection.
 func (c *client) keepAlive(ctx context.Context, addr string, i int) (*sock, error) {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
 	s, err := c.dial(ctx, addr, i)
 	if err != nil {
 		return nil, err
@@ -137,10 +130,13 @@ func (c *client) keepAlive(ctx context.Context, addr string, i int) (*sock, erro
 	return s, nil
 }
 
-// dial connects from source i to addr and, over TLS, shakes hands; the
-// connection's deadline is ctx's.
+// dial connects from source i to addr and, over TLS, shakes hands, within
+// dialTimeout; the connection keeps that deadline (or ctx's, if sooner)
+// for what the caller then sends and reads, until it clears it.
 func (c *client) dial(ctx context.Context, addr string, i int) (*sock, error) {
-	d := net.Dialer{LocalAddr: c.source(i)}
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	d := net.Dialer{LocalAddr: serverproc.LoopbackSource(i, c.aliases)}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -168,8 +164,6 @@ func (c *client) openControl(ctx context.Context, i int) (*sock, error) {
 // upgrade connects from source i to addr and asks for a WebSocket on path
 // with the header lines given.
 func (c *client) upgrade(ctx context.Context, addr string, i int, path string, header []string) (*sock, error) {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
 	s, err := c.dial(ctx, addr, i)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -178,15 +172,7 @@ func (c *client) upgrade(ctx context.Context, addr string, i int, path string, h
 		_ = s.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	var req strings.Builder
-	req.WriteString("GET " + path + " HTTP/1.1\r\nHost: " + addr +
-		"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13" +
-		"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
-	for _, h := range header {
-		req.WriteString("\r\n" + h)
-	}
-	req.WriteString("\r\n\r\n")
-	if _, err := io.WriteString(s.Conn, req.String()); err != nil {
+	if _, err := io.WriteString(s.Conn, serverproc.UpgradeRequest(addr, path, header...)); err != nil {
 		return fail(err)
 	}
 	// A small reader: the sockets are idle, and ten thousand of them are

@@ -2,6 +2,8 @@ package idlebench
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -81,6 +83,29 @@ func checkMemory(t *testing.T, f MemoryFigure, n int) {
 	}
 }
 
+// logged logs a measurement's progress and its report's text, and ends
+// the test at once if the measurement failed.
+func logged(t *testing.T, progress fmt.Stringer, rep interface{ WriteText(io.Writer) }, err error) {
+	t.Helper()
+	t.Logf("\n%s", progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	rep.WriteText(&text)
+	t.Logf("\n%s", text.String())
+}
+
+// onePerSide is the one round of each side, parked first; anything else
+// ends the test.
+func onePerSide[R any](t *testing.T, parked, unparked []R) [2]R {
+	t.Helper()
+	if len(parked) != 1 || len(unparked) != 1 {
+		t.Fatalf("%d and %d rounds, want 1 each", len(parked), len(unparked))
+	}
+	return [2]R{parked[0], unparked[0]}
+}
+
 func measureSmall(t *testing.T, n int, plainOnly bool, kinds ...Kind) MemoryReport {
 	t.Helper()
 	bin := idleserve(t)
@@ -90,13 +115,7 @@ func measureSmall(t *testing.T, n int, plainOnly bool, kinds ...Kind) MemoryRepo
 	profiles := t.TempDir()
 	rep, err := MeasureMemory(ctx, MemoryOptions{Binary: bin, Sockets: n, Rounds: 1, Kinds: kinds, PlainOnly: plainOnly,
 		ProfileDir: profiles, Progress: &out})
-	t.Logf("\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text strings.Builder
-	rep.WriteText(&text)
-	t.Logf("\n%s", text.String())
+	logged(t, &out, rep, err)
 	if rep.Capped || rep.Options.Sockets != n {
 		t.Errorf("%d sockets asked, %d measured, capped %v", n, rep.Options.Sockets, rep.Capped)
 	}
@@ -183,17 +202,8 @@ func TestWake(t *testing.T) {
 	var out strings.Builder
 	const n, deliveries = 200, 600
 	rep, err := MeasureWake(ctx, WakeOptions{Binary: bin, Sockets: n, Deliveries: deliveries, Rounds: 1, Progress: &out})
-	t.Logf("\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text strings.Builder
-	rep.WriteText(&text)
-	t.Logf("\n%s", text.String())
-	if len(rep.Parked) != 1 || len(rep.Unparked) != 1 {
-		t.Fatalf("%d and %d rounds, want 1 each", len(rep.Parked), len(rep.Unparked))
-	}
-	for side, r := range [2]WakeRound{rep.Parked[0], rep.Unparked[0]} {
+	logged(t, &out, rep, err)
+	for side, r := range onePerSide(t, rep.Parked, rep.Unparked) {
 		if r.Deliveries != deliveries || r.P50 <= 0 || r.P99 < r.P50 || r.CPUPerDelivery <= 0 ||
 			r.Pings != deliveries || r.PingP50 <= 0 || r.PingP99 < r.PingP50 || r.CPUPerPing <= 0 {
 			t.Errorf("%s: %+v", Sides[side], r)
@@ -217,17 +227,8 @@ func TestStorm(t *testing.T) {
 	const n = 500
 	o := StormOptions{Binary: bin, Sockets: n, Limits: netlimit.Limits{AcceptRate: 500, AcceptBurst: 200}, Progress: &out}
 	rep, err := MeasureStorm(ctx, o)
-	t.Logf("\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text strings.Builder
-	rep.WriteText(&text)
-	t.Logf("\n%s", text.String())
-	if len(rep.Parked) != 1 || len(rep.Unparked) != 1 {
-		t.Fatalf("%d and %d rounds, want 1 each", len(rep.Parked), len(rep.Unparked))
-	}
-	for side, r := range [2]StormRound{rep.Parked[0], rep.Unparked[0]} {
+	logged(t, &out, rep, err)
+	for side, r := range onePerSide(t, rep.Parked, rep.Unparked) {
 		if err := rep.Options.Check(r); err != nil {
 			t.Errorf("%s: %v", Sides[side], err)
 		}

@@ -212,17 +212,10 @@ func setGoals(figs []MemoryFigure) {
 func measureKind(ctx context.Context, o MemoryOptions, kind Kind, useTLS bool) (MemoryFigure, error) {
 	l := DefaultLayout(kind, o.Sockets)
 	f := MemoryFigure{Kind: kind, TLS: useTLS, Controls: l.Controls()}
-	runs, err := abtest.Alternate(o.Rounds, 0, func(side, round int) (IdleRound, error) {
-		r, err := measureOne(ctx, o, l, useTLS, side, round)
-		if err != nil {
-			return r, fmt.Errorf("idlebench: %s, %s, round %d: %w", f.Name(), Sides[side], round, err)
-		}
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "round %d idle %-11s %-8s %d: RSS %.1f → %.1f MiB, %.0f B each (stacks %.0f, heap %.0f), %.2f goroutines each, %d of %d parked\n",
-				round, f.Name(), Sides[side], r.Sockets, float64(r.Before.RSS)/(1<<20), float64(r.After.RSS)/(1<<20),
-				r.PerSocket, r.StackPerSocket, r.HeapPerSocket, r.GoroutinesPerSocket, r.Parked, r.Held)
-		}
-		return r, nil
+	runs, err := abtest.Named(naming(f.Name(), o.Progress), o.Rounds, func(side, round int) (IdleRound, error) {
+		return measureOne(ctx, o, l, useTLS, side, round)
+	}, func(side, round int, r IdleRound) string {
+		return fmt.Sprintf("round %d idle %-11s %-8s %d: %s, %d of %d parked", round, f.Name(), Sides[side], r.Sockets, r.Summary(), r.Parked, r.Held)
 	})
 	if err != nil {
 		return f, err

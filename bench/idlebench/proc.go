@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
+	"edgerelay/bench/abtest"
 	"edgerelay/bench/serverproc"
 )
 
@@ -22,6 +24,12 @@ func Build(ctx context.Context, moduleDir, dir string) (string, error) {
 // reader goroutine per socket) is the baseline the parked figures are
 // set beside.
 var Sides = [2]string{"parked", "unparked"}
+
+// naming names a figure's errors ("idlebench: what, parked, round 0: …")
+// and progress for abtest.Named.
+func naming(what string, progress io.Writer) abtest.Naming {
+	return abtest.Naming{What: "idlebench: " + what, Sides: Sides, Progress: progress}
+}
 
 func parkFlag(side int) string {
 	if side == 0 {

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -196,21 +195,10 @@ func shmDir() string {
 // synced commits share syncs.
 func claimMailboxes(log *store.EnvelopeLog, n int) error {
 	hash := store.Hash(sha256.Sum256([]byte(relayserve.Token)))
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			rec := store.MailboxRecord{Token: hash, LastActive: time.Now().UnixNano()}
-			errs[i] = log.Claim(relayserve.App+"/"+relayserve.MailboxID(i), rec, 0, true)
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return serverproc.ForEach(context.Background(), n, 64, func(i int) error {
+		rec := store.MailboxRecord{Token: hash, LastActive: time.Now().UnixNano()}
+		return log.Claim(relayserve.App+"/"+relayserve.MailboxID(i), rec, 0, true)
+	})
 }
 
 // mailboxService and channelService are the listeners as

@@ -143,29 +143,22 @@ func MeasureStorm(ctx context.Context, o StormOptions) (StormReport, error) {
 	if err != nil {
 		return StormReport{}, err
 	}
-	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Sockets)+fdHeadroom {
-		return StormReport{}, fmt.Errorf("idlebench: %d sockets need as many open files; the limit is %d (%v)", o.Sockets, limit, err)
+	if err := serverproc.EnsureFiles(o.Sockets, fdHeadroom); err != nil {
+		return StormReport{}, fmt.Errorf("idlebench: %w", err)
 	}
-	runs, err := abtest.Alternate(o.Rounds, 0, func(side, round int) (StormRound, error) {
-		r, err := stormOne(ctx, o, side)
-		if err != nil {
-			return r, fmt.Errorf("idlebench: storm, %s, round %d: %w", Sides[side], round, err)
-		}
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "round %d storm %-8s %d watch sockets: opened in %v; reset, all back in %v (floor %v, server settled %v), %d attempts, refused %+v, %d parked\n",
-				round, Sides[side], r.Sockets, r.Open.Round(time.Millisecond), r.Reconnect.Round(time.Millisecond), r.Floor.Round(time.Millisecond),
-				r.Settled.Round(time.Millisecond), r.Attempts, r.Refused, r.Parked)
-		}
-		return r, nil
+	runs, err := abtest.Named(naming("storm", o.Progress), o.Rounds, func(side, _ int) (StormRound, error) {
+		return stormOne(ctx, o, side)
+	}, func(side, round int, r StormRound) string {
+		return fmt.Sprintf("round %d storm %-8s %d watch sockets: opened in %v; reset, all back in %v (floor %v, server settled %v), %d attempts, refused %+v, %d parked",
+			round, Sides[side], r.Sockets, r.Open.Round(time.Millisecond), r.Reconnect.Round(time.Millisecond), r.Floor.Round(time.Millisecond),
+			r.Settled.Round(time.Millisecond), r.Attempts, r.Refused, r.Parked)
 	})
 	if err != nil {
 		return StormReport{}, err
 	}
 	rep := StormReport{Options: o, Parked: runs[0], Unparked: runs[1]}
-	rec := func(rs []StormRound) time.Duration {
-		return time.Duration(abtest.Median(abtest.Values(rs, func(r StormRound) float64 { return float64(r.Reconnect) })))
-	}
-	rep.ParkedReconnect, rep.UnparkedReconnect = rec(rep.Parked), rec(rep.Unparked)
+	p, u := abtest.Medians(runs, func(r StormRound) float64 { return float64(r.Reconnect) })
+	rep.ParkedReconnect, rep.UnparkedReconnect = time.Duration(p), time.Duration(u)
 	return rep, nil
 }
 

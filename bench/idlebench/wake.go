@@ -116,43 +116,31 @@ func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
 	if err != nil {
 		return WakeReport{}, err
 	}
-	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Sockets)+fdHeadroom {
-		return WakeReport{}, fmt.Errorf("idlebench: %d sockets need as many open files; the limit is %d (%v)", o.Sockets, limit, err)
+	if err := serverproc.EnsureFiles(o.Sockets, fdHeadroom); err != nil {
+		return WakeReport{}, fmt.Errorf("idlebench: %w", err)
 	}
-	runs, err := abtest.Alternate(o.Rounds, 0, func(side, round int) (WakeRound, error) {
-		r, err := wakeOne(ctx, o, side)
-		if err != nil {
-			return r, fmt.Errorf("idlebench: wake, %s, round %d: %w", Sides[side], round, err)
-		}
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery; %d pings: p50 %v, p99 %v, server CPU %v per ping\n",
-				round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery,
-				r.Pings, r.PingP50, r.PingP99, r.CPUPerPing)
-		}
-		return r, nil
+	runs, err := abtest.Named(naming("wake", o.Progress), o.Rounds, func(side, _ int) (WakeRound, error) {
+		return wakeOne(ctx, o, side)
+	}, func(side, round int, r WakeRound) string {
+		return fmt.Sprintf("round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery; %d pings: p50 %v, p99 %v, server CPU %v per ping",
+			round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery,
+			r.Pings, r.PingP50, r.PingP99, r.CPUPerPing)
 	})
 	if err != nil {
 		return WakeReport{}, err
 	}
 	rep := WakeReport{Options: o, Parked: runs[0], Unparked: runs[1]}
-	med := func(rs []WakeRound, f func(WakeRound) time.Duration) time.Duration {
-		return time.Duration(abtest.Median(abtest.Values(rs, func(r WakeRound) float64 { return float64(f(r)) })))
+	// Each figure's medians, parked and unparked, and what parking adds.
+	med := func(f func(WakeRound) time.Duration) (parked, unparked, added time.Duration) {
+		p, u := abtest.Medians(runs, func(r WakeRound) float64 { return float64(f(r)) })
+		return time.Duration(p), time.Duration(u), time.Duration(p) - time.Duration(u)
 	}
-	p50 := func(r WakeRound) time.Duration { return r.P50 }
-	p99 := func(r WakeRound) time.Duration { return r.P99 }
-	cpu := func(r WakeRound) time.Duration { return r.CPUPerDelivery }
-	rep.ParkedP50, rep.UnparkedP50 = med(rep.Parked, p50), med(rep.Unparked, p50)
-	rep.ParkedP99, rep.UnparkedP99 = med(rep.Parked, p99), med(rep.Unparked, p99)
-	rep.ParkedCPU, rep.UnparkedCPU = med(rep.Parked, cpu), med(rep.Unparked, cpu)
-	rep.AddedP50, rep.AddedP99 = rep.ParkedP50-rep.UnparkedP50, rep.ParkedP99-rep.UnparkedP99
-	rep.AddedCPU = rep.ParkedCPU - rep.UnparkedCPU
-	pp50 := func(r WakeRound) time.Duration { return r.PingP50 }
-	pp99 := func(r WakeRound) time.Duration { return r.PingP99 }
-	pcpu := func(r WakeRound) time.Duration { return r.CPUPerPing }
-	rep.ParkedPingP50, rep.UnparkedPingP50 = med(rep.Parked, pp50), med(rep.Unparked, pp50)
-	rep.ParkedPingP99, rep.UnparkedPingP99 = med(rep.Parked, pp99), med(rep.Unparked, pp99)
-	rep.ParkedPingCPU, rep.UnparkedPingCPU = med(rep.Parked, pcpu), med(rep.Unparked, pcpu)
-	rep.AddedPingP99, rep.AddedPingCPU = rep.ParkedPingP99-rep.UnparkedPingP99, rep.ParkedPingCPU-rep.UnparkedPingCPU
+	rep.ParkedP50, rep.UnparkedP50, rep.AddedP50 = med(func(r WakeRound) time.Duration { return r.P50 })
+	rep.ParkedP99, rep.UnparkedP99, rep.AddedP99 = med(func(r WakeRound) time.Duration { return r.P99 })
+	rep.ParkedCPU, rep.UnparkedCPU, rep.AddedCPU = med(func(r WakeRound) time.Duration { return r.CPUPerDelivery })
+	rep.ParkedPingP50, rep.UnparkedPingP50, _ = med(func(r WakeRound) time.Duration { return r.PingP50 })
+	rep.ParkedPingP99, rep.UnparkedPingP99, rep.AddedPingP99 = med(func(r WakeRound) time.Duration { return r.PingP99 })
+	rep.ParkedPingCPU, rep.UnparkedPingCPU, rep.AddedPingCPU = med(func(r WakeRound) time.Duration { return r.CPUPerPing })
 	return rep, nil
 }
 

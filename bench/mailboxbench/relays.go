@@ -35,6 +35,7 @@ import (
 
 	baseline "edgerelay/bench/baseline/mailbox"
 	"edgerelay/bench/relayserve"
+	"edgerelay/bench/serverproc"
 	"edgerelay/fastpath/mailbox"
 	"edgerelay/store"
 	"edgerelay/store/mailboxlocal"
@@ -160,35 +161,23 @@ func startBaseline(addr string, log *store.EnvelopeLog, now func() time.Time) (*
 // commits share syncs.
 func seed(log *store.EnvelopeLog, now func() time.Time, n, stored, size int) error {
 	hash := store.Hash(sha256.Sum256([]byte(token)))
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			name := mailboxName(i)
-			rec := store.MailboxRecord{Token: hash, LastActive: now().UnixNano()}
-			if err := log.Claim(name, rec, 0, true); err != nil {
-				errs[i] = err
-				return
+	return serverproc.ForEach(context.Background(), n, 64, func(i int) error {
+		name := mailboxName(i)
+		rec := store.MailboxRecord{Token: hash, LastActive: now().UnixNano()}
+		if err := log.Claim(name, rec, 0, true); err != nil {
+			return err
+		}
+		var env []byte
+		for seq := uint64(1); seq <= uint64(stored); seq++ {
+			prev := rec.LastActive
+			rec.LastActive = now().UnixNano()
+			env = envelope(env, seq, size)
+			if err := log.Put(name, store.DirP2C, seq, env, &rec, prev); err != nil {
+				return err
 			}
-			var env []byte
-			for seq := uint64(1); seq <= uint64(stored); seq++ {
-				prev := rec.LastActive
-				rec.LastActive = now().UnixNano()
-				env = envelope(env, seq, size)
-				if err := log.Put(name, store.DirP2C, seq, env, &rec, prev); err != nil {
-					errs[i] = err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+		}
+		return nil
+	})
 }
 
 // newClient is the load generator's HTTP client for one relay: fasthttp's

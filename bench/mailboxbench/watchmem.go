@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -89,8 +88,8 @@ func CompareWatchMemory(ctx context.Context, o WatchOptions) (WatchReport, error
 	if err != nil {
 		return WatchReport{}, err
 	}
-	if limit, err := serverproc.RaiseFileLimit(); err != nil || limit < uint64(o.Sockets)+256 {
-		return WatchReport{}, fmt.Errorf("mailboxbench: %d sockets need as many open files; the limit is %d (%v)", o.Sockets, limit, err)
+	if err := serverproc.EnsureFiles(o.Sockets, 256); err != nil {
+		return WatchReport{}, fmt.Errorf("mailboxbench: %w", err)
 	}
 	c, err := serverproc.CompareIdle(o.Rounds, "watch sockets", o.Progress, func(side, round int) (WatchSide, error) {
 		return measureWatch(ctx, serverproc.Sides[side], round, o)
@@ -109,7 +108,7 @@ func measureWatch(ctx context.Context, impl string, round int, o WatchOptions) (
 	defer func() { err = errors.Join(err, srv.Stop()) }()
 	perMailbox := 2 * o.PerDirection
 	mailboxes := (o.Sockets + perMailbox - 1) / perMailbox
-	if err := claimAll(srv.Ready, mailboxes); err != nil {
+	if err := claimAll(ctx, srv.Ready, mailboxes); err != nil {
 		return side, err
 	}
 	profile := ""
@@ -123,32 +122,23 @@ func measureWatch(ctx context.Context, impl string, round int, o WatchOptions) (
 
 // claimAll claims mailboxes 0..n-1 over HTTP, many at a time so that
 // their synced writes share syncs.
-func claimAll(addr string, n int) error {
+func claimAll(ctx context.Context, addr string, n int) error {
 	client := newClient(addr, 32)
 	defer client.CloseIdleConnections()
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var req fasthttp.Request
-			var resp fasthttp.Response
-			req.SetRequestURI("http://" + addr + mailboxPath(i))
-			req.Header.SetMethod(fasthttp.MethodPut)
-			req.Header.Set("Authorization", "Bearer "+token)
-			if err := client.DoTimeout(&req, &resp, 10*time.Second); err != nil {
-				errs[i] = err
-			} else if resp.StatusCode() != fasthttp.StatusCreated {
-				errs[i] = fmt.Errorf("claim %d: %d %s", i, resp.StatusCode(), resp.Body())
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return serverproc.ForEach(ctx, n, 32, func(i int) error {
+		var req fasthttp.Request
+		var resp fasthttp.Response
+		req.SetRequestURI("http://" + addr + mailboxPath(i))
+		req.Header.SetMethod(fasthttp.MethodPut)
+		req.Header.Set("Authorization", "Bearer "+token)
+		if err := client.DoTimeout(&req, &resp, 10*time.Second); err != nil {
+			return err
+		}
+		if resp.StatusCode() != fasthttp.StatusCreated {
+			return fmt.Errorf("claim %d: %d %s", i, resp.StatusCode(), resp.Body())
+		}
+		return nil
+	})
 }
 
 // openWatches opens o.Sockets watch sockets, PerDirection on each

@@ -135,7 +135,7 @@ func OpenAll(ctx context.Context, n int, dial func(i int) (net.Conn, error)) ([]
 func ForEach(ctx context.Context, n, parallel int, f func(i int) error) error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, max(parallel, 1)) // unbuffered, none would start
+	sem := make(chan struct{}, max(parallel, 1)) // with no room, no call would start
 	for i := range n {
 		if ctx.Err() != nil {
 			errs[i] = ctx.Err()
