@@ -48,6 +48,8 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 	// ends it; abandon ends it when fasthttp drops the connection before
 	// that, so that the computer's next socket is not refused for one
 	// never opened. Ending it closes the computer's phones with 1001.
+	// Only the host name is kept for the socket's life, not the whole key.
+	host := k.Host
 	ws.Upgrade(ctx, h.wsOptions(maxControlFrame), "", hc.End, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			hc.End()
@@ -61,19 +63,15 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		h.m.computers.Inc()
-		h.log.Info("control socket open", "host", k.Host)
-		r := &controlReader{h: h, host: k.Host, hc: hc, conn: conn}
-		conn.Serve(r.frame, func(error) {
-			h.m.computers.Dec()
-			h.group.Remove(conn)
-			hc.End()
-			h.log.Info("control socket closed", "host", k.Host, "code", conn.CloseCode())
-		})
+		h.log.Info("control socket open", "host", host)
+		r := &controlReader{h: h, host: host, hc: hc, conn: conn}
+		conn.Serve(r.frame, r.end)
 	})
 }
 
 // A controlReader takes the computer's control frames. A malformed frame
-// closes the socket with 1008.
+// closes the socket with 1008. It is all an idle control socket keeps of
+// the handler: its methods are the socket's callbacks, no closures.
 type controlReader struct {
 	h    *Handler
 	host string
@@ -84,6 +82,15 @@ type controlReader struct {
 	// through an interface: a field, so once per socket, not per frame.
 	scratch []byte
 	msg     control.Message
+}
+
+// end is the control socket's end: the reservation goes, and with it the
+// computer's phones.
+func (r *controlReader) end(error) {
+	r.h.m.computers.Dec()
+	r.h.group.Remove(r.conn)
+	r.hc.End()
+	r.h.log.Info("control socket closed", "host", r.host, "code", r.conn.CloseCode())
 }
 
 func (r *controlReader) frame(op int, frame []byte) bool {
@@ -168,14 +175,23 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		h.m.phones.Inc()
-		conn.Serve(func(op int, frame []byte) bool {
-			return h.phoneFrame(hp, conn, op, frame)
-		}, func(error) {
-			h.m.phones.Dec()
-			h.group.Remove(conn)
-			hp.End()
-		})
+		r := &phoneReader{h: h, hp: hp, conn: conn}
+		conn.Serve(r.frame, r.end)
 	})
+}
+
+// A phoneReader takes a phone's frames: what an idle phone channel keeps
+// of the handler (its methods are the socket's callbacks, no closures).
+type phoneReader struct {
+	h    *Handler
+	hp   route.ChannelPhone
+	conn *ws.Conn
+}
+
+func (r *phoneReader) end(error) {
+	r.h.m.phones.Dec()
+	r.h.group.Remove(r.conn)
+	r.hp.End()
 }
 
 // refuseHandshake answers a handshake ws.CheckHandshake refused: 426 with
@@ -190,17 +206,17 @@ func refuseHandshake(ctx *fasthttp.RequestCtx, err error) {
 	httpx.Error(ctx, status, "not a websocket handshake")
 }
 
-// phoneFrame forwards one of the phone's frames to its computer, wrapped
-// in a data control message; false ends the phone's reading (1009 for an
+// frame forwards one of the phone's frames to its computer, wrapped in a
+// data control message; false ends the phone's reading (1009 for an
 // oversized frame is sent by the reader).
-func (h *Handler) phoneFrame(hp route.ChannelPhone, conn *ws.Conn, op int, frame []byte) bool {
+func (r *phoneReader) frame(op int, frame []byte) bool {
 	if op != ws.OpText {
-		conn.Close(ws.CloseUnsupportedData, "binary frames are not accepted")
+		r.conn.Close(ws.CloseUnsupportedData, "binary frames are not accepted")
 		return false
 	}
-	if err := hp.ToHost(frame); err != nil {
+	if err := r.hp.ToHost(frame); err != nil {
 		return false // the control socket is gone or being dropped
 	}
-	h.m.toComputer.Inc()
+	r.h.m.toComputer.Inc()
 	return true
 }

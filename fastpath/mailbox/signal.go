@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"edgerelay/fastpath/ws"
@@ -57,7 +56,8 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return
 		}
-		side, err := h.cfg.Signals.Join(context.Background(), name, me, signalSocket{conn, h.m.slowSignal})
+		sock := &signalSocket{h: h, conn: conn, frameKey: frameKey}
+		side, err := h.cfg.Signals.Join(context.Background(), name, me, sock)
 		if err != nil {
 			h.group.Remove(conn)
 			h.log.Error("signal join failed", "err", err)
@@ -73,39 +73,48 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 			return
 		}
 		h.m.signalSockets.Inc()
-		conn.Serve(func(op int, msg []byte) bool {
-			return h.signalFrame(side, conn, frameKey, op, msg)
-		}, func(error) {
-			h.m.signalSockets.Dec()
-			side.Leave()
-			h.group.Remove(conn)
-		})
+		sock.side = side // before Serve: its callbacks run after
+		conn.Serve(sock.frame, sock.end)
 	})
 }
 
-// signalSocket is a signal socket as the router sees it; every call only
-// queues onto the socket. slow counts its close for a full queue.
+// signalSocket is one signal socket: the router's end of it (every call
+// of which only queues onto the socket) and its reading. It is all an
+// idle signal socket keeps of the handler: its methods are the router's
+// and the socket's callbacks, no closures.
 type signalSocket struct {
-	conn *ws.Conn
-	slow prometheus.Counter
+	h        *Handler
+	conn     *ws.Conn
+	side     routes.SignalSide // set once joined
+	frameKey uint64            // the frame bucket's key of this side
 }
 
 // Frame queues msg; a full queue closes the socket with 1013.
-func (s signalSocket) Frame(msg []byte) {
+func (s *signalSocket) Frame(msg []byte) {
 	if errors.Is(s.conn.WriteBinary(msg), ws.ErrQueueFull) {
-		s.slow.Inc()
+		s.h.m.slowSignal.Inc()
 	}
 }
-func (s signalSocket) Peer(up bool) {
+func (s *signalSocket) Peer(up bool) {
 	if up {
 		_ = s.conn.WriteText(peerUp)
 	} else {
 		_ = s.conn.WriteText(peerDown)
 	}
 }
-func (s signalSocket) Replaced()  { s.conn.Close(ws.CloseReplaced, "replaced") }
-func (s signalSocket) Erased()    { s.conn.Close(ws.CloseNormal, "mailbox erased") }
-func (s signalSocket) GoingAway() { s.conn.Close(ws.CloseGoingAway, "relay going away") }
+func (s *signalSocket) Replaced()  { s.conn.Close(ws.CloseReplaced, "replaced") }
+func (s *signalSocket) Erased()    { s.conn.Close(ws.CloseNormal, "mailbox erased") }
+func (s *signalSocket) GoingAway() { s.conn.Close(ws.CloseGoingAway, "relay going away") }
+
+func (s *signalSocket) frame(op int, msg []byte) bool {
+	return s.h.signalFrame(s.side, s.conn, s.frameKey, op, msg)
+}
+
+func (s *signalSocket) end(error) {
+	s.h.m.signalSockets.Dec()
+	s.side.Leave()
+	s.h.group.Remove(s.conn)
+}
 
 // stillThere reports whether the mailbox name is still live for tok.
 func (h *Handler) stillThere(name string, tok store.Hash) bool {

@@ -67,48 +67,73 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key 
 			return
 		}
 		h.m.watchers.Inc()
-		h.serveWatch(conn, m, r.dir, after, func() {
-			h.m.watchers.Dec()
-			h.group.Remove(conn)
-			leave()
-		})
+		w := &watchSocket{h: h, conn: conn, m: m, leave: leave, dir: r.dir}
+		w.serve(after)
 	})
 }
 
-// serveWatch runs the store's watch beside the socket's reading: the
-// watch ending closes the socket with its code, the socket ending stops
-// the watch and then runs done.
-func (h *Handler) serveWatch(conn *ws.Conn, m store.Mailbox, dir byte, after uint64, done func()) {
-	pace := h.cfg.MaxBehind / 2
-	stop, err := m.Watch(context.Background(), dir, store.WatchConfig{
-		After: after,
-		Deliver: func(ctx context.Context, env []byte, replayed bool) error {
-			if replayed { // paced by the socket's queue
-				if err := conn.WaitQueued(ctx, pace); err != nil {
-					return err
-				}
-			}
-			// A full queue closes the socket with 1013; the reader resumes
-			// with after = the last sequence it holds, and nothing is lost.
-			err := conn.WriteBinary(env)
-			if errors.Is(err, ws.ErrQueueFull) {
-				h.m.slowWatch.Inc()
-			}
-			return err
-		},
-		End: func(err error) { h.endWatch(conn, err) },
+// A watchSocket is one watch: the store's watch beside the socket's
+// reading. It is all an idle watch keeps of the handler: its methods are
+// the watch's and the socket's callbacks, no closures.
+type watchSocket struct {
+	h     *Handler
+	conn  *ws.Conn
+	m     store.Mailbox
+	leave func() // gives the watcher's place back
+	stop  func() // ends the store's watch
+	dir   byte
+}
+
+// serve runs the store's watch beside the socket's reading: the watch
+// ending closes the socket with its code, the socket ending stops the
+// watch and then gives the place back.
+func (w *watchSocket) serve(after uint64) {
+	stop, err := w.m.Watch(context.Background(), w.dir, store.WatchConfig{
+		After:   after,
+		Deliver: w.deliver,
+		End:     w.endWatch,
 	})
 	if err != nil {
-		h.endWatch(conn, err)
-		done()
+		w.endWatch(err)
+		w.done()
 		return
 	}
-	conn.Serve(func(op int, msg []byte) bool {
-		return h.watchFrame(m, dir, conn, op, msg)
-	}, func(error) {
-		stop()
-		done()
-	})
+	w.stop = stop
+	w.conn.Serve(w.frame, w.end)
+}
+
+// deliver queues one envelope. A full queue closes the socket with 1013;
+// the reader resumes with after = the last sequence it holds, and nothing
+// is lost.
+func (w *watchSocket) deliver(ctx context.Context, env []byte, replayed bool) error {
+	if replayed { // paced by the socket's queue
+		if err := w.conn.WaitQueued(ctx, w.h.cfg.MaxBehind/2); err != nil {
+			return err
+		}
+	}
+	err := w.conn.WriteBinary(env)
+	if errors.Is(err, ws.ErrQueueFull) {
+		w.h.m.slowWatch.Inc()
+	}
+	return err
+}
+
+func (w *watchSocket) endWatch(err error) { w.h.endWatch(w.conn, err) }
+
+func (w *watchSocket) frame(op int, msg []byte) bool {
+	return w.h.watchFrame(w.m, w.dir, w.conn, op, msg)
+}
+
+// end is the socket's end: the store's watch stops, then the place goes.
+func (w *watchSocket) end(error) {
+	w.stop()
+	w.done()
+}
+
+func (w *watchSocket) done() {
+	w.h.m.watchers.Dec()
+	w.h.group.Remove(w.conn)
+	w.leave()
 }
 
 // endWatch closes a watch socket with the code for why its watch ended.
