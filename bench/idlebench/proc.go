@@ -2,11 +2,8 @@ package idlebench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"edgerelay/bench/abtest"
@@ -65,29 +62,13 @@ func startServer(ctx context.Context, bin string, side int, useTLS bool, aliases
 }
 
 // parked asks how many sockets the server holds parked.
-func (s *relayProc) parked(ctx context.Context) (int, error) {
-	ans, err := s.Ask(ctx, "parked", 30*time.Second)
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.Atoi(ans)
-	if err != nil {
-		return 0, fmt.Errorf("idlebench: parked answered %q: %w", ans, err)
-	}
-	return n, nil
-}
+func (s *relayProc) parked(ctx context.Context) (int, error) { return s.AskInt(ctx, "parked") }
 
 // refused asks what the listeners refused and hold.
 func (s *relayProc) refused(ctx context.Context) (Refusals, error) {
-	ans, err := s.Ask(ctx, "refused", 30*time.Second)
-	if err != nil {
-		return Refusals{}, err
-	}
 	var r Refusals
-	if err := json.Unmarshal([]byte(ans), &r); err != nil {
-		return r, fmt.Errorf("idlebench: refused answered %q: %w", ans, err)
-	}
-	return r, nil
+	err := s.AskJSON(ctx, "refused", &r)
+	return r, err
 }
 
 // settleParked waits until want sockets are parked, or until the count

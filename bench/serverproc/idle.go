@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -79,17 +78,7 @@ func MeasureIdle(ctx context.Context, p *Proc, n int, open func(context.Context)
 }
 
 // Count asks the server how many sockets it holds (its "count" command).
-func (p *Proc) Count(ctx context.Context) (int, error) {
-	ans, err := p.Ask(ctx, "count", askTimeout)
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.Atoi(ans)
-	if err != nil {
-		return 0, fmt.Errorf("serverproc: %s: count answered %q: %w", p.Name, ans, err)
-	}
-	return n, nil
-}
+func (p *Proc) Count(ctx context.Context) (int, error) { return p.AskInt(ctx, "count") }
 
 // WaitCount waits (30 s at most) until the server holds n sockets. A
 // server counts a socket once its handler has registered it, a moment

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -176,15 +177,36 @@ func (p *Proc) Measure(ctx context.Context, work func() error) (Usage, error) {
 
 // Mem asks the process for its memory (see ReadMem).
 func (p *Proc) Mem(ctx context.Context) (Mem, error) {
-	ans, err := p.Ask(ctx, "mem", askTimeout)
-	if err != nil {
-		return Mem{}, err
-	}
 	var m Mem
-	if err := json.Unmarshal([]byte(ans), &m); err != nil {
-		return Mem{}, fmt.Errorf("serverproc: %s: mem answered %q: %w", p.Name, ans, err)
+	err := p.AskJSON(ctx, "mem", &m)
+	return m, err
+}
+
+// AskInt sends a command (one without an argument, of the built-in
+// commands' bound) whose answer is a number, and returns the number.
+func (p *Proc) AskInt(ctx context.Context, cmd string) (int, error) {
+	ans, err := p.Ask(ctx, cmd, askTimeout)
+	if err != nil {
+		return 0, err
 	}
-	return m, nil
+	n, err := strconv.Atoi(ans)
+	if err != nil {
+		return 0, fmt.Errorf("serverproc: %s: %s answered %q: %w", p.Name, cmd, ans, err)
+	}
+	return n, nil
+}
+
+// AskJSON sends a command like AskInt's whose answer is JSON, and decodes
+// it into v.
+func (p *Proc) AskJSON(ctx context.Context, cmd string, v any) error {
+	ans, err := p.Ask(ctx, cmd, askTimeout)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal([]byte(ans), v); err != nil {
+		return fmt.Errorf("serverproc: %s: %s answered %q: %w", p.Name, cmd, ans, err)
+	}
+	return nil
 }
 
 // Stop ends the process: its standard input closed, which stops it (a

@@ -202,3 +202,23 @@ func TestLoopbackSource(t *testing.T) {
 		}
 	}
 }
+
+// An answer that is not what AskInt or AskJSON decodes is an error that
+// names the command and the answer.
+func TestAskDecodes(t *testing.T) {
+	p := startChild(t)
+	ctx := context.Background()
+	if n, err := p.AskInt(ctx, "count"); n != 0 || err != nil {
+		t.Errorf("count: %d %v", n, err)
+	}
+	var m Mem
+	if err := p.AskJSON(ctx, "mem", &m); err != nil || m.RSS == 0 {
+		t.Errorf("mem: %+v %v", m, err)
+	}
+	if _, err := p.AskInt(ctx, "burn 1"); err == nil || !strings.Contains(err.Error(), `burn 1 answered "burnt"`) {
+		t.Errorf("a word for a number: %v", err)
+	}
+	if err := p.AskJSON(ctx, "burn 1", &m); err == nil || !strings.Contains(err.Error(), `burn 1 answered "burnt"`) {
+		t.Errorf("a word for JSON: %v", err)
+	}
+}
