@@ -285,6 +285,13 @@ func measureOne(ctx context.Context, o MemoryOptions, l Layout, useTLS bool, sid
 		if side == 0 && l.Kind.upgrades() {
 			r.Parked, err = srv.settleParked(ctx, total)
 		}
+		if side == 0 && l.Kind == KeepAlive {
+			// Parked a second after their answers; fasthttp then lets
+			// the goroutines that served them go a moment later.
+			if r.Parked, err = srv.settleParked(ctx, l.Sockets); err == nil {
+				err = srv.settleGoroutines(ctx, l.Sockets/20+200)
+			}
+		}
 		return conns, err
 	}, profile)
 	return r, err

@@ -76,10 +76,26 @@ func (s *relayProc) refused(ctx context.Context) (Refusals, error) {
 // its last input, so a count that stands still that long will not
 // reach want): it returns the count either way, for the figure to show.
 func (s *relayProc) settleParked(ctx context.Context, want int) (int, error) {
+	return settle(ctx, s.parked, func(n int) bool { return n >= want })
+}
+
+// settleGoroutines waits until the server runs at most want goroutines,
+// or until the count has not moved for parkSettle.
+func (s *relayProc) settleGoroutines(ctx context.Context, want int) error {
+	_, err := settle(ctx, func(ctx context.Context) (int, error) {
+		m, err := s.Mem(ctx)
+		return m.Goroutines, err
+	}, func(n int) bool { return n <= want })
+	return err
+}
+
+// settle reads a count until it is reached, or until it has not moved
+// for parkSettle, and returns its last value.
+func settle(ctx context.Context, read func(context.Context) (int, error), reached func(int) bool) (int, error) {
 	last, since := -1, time.Now()
 	for {
-		n, err := s.parked(ctx)
-		if err != nil || n >= want {
+		n, err := read(ctx)
+		if err != nil || reached(n) {
 			return n, err
 		}
 		if n != last {

@@ -70,7 +70,9 @@ type ServeConfig struct {
 // gc, usage, mem, heap-profile, …; see serverproc.Serve) and its own:
 //
 //	count    "ok <n>": the WebSockets both handlers hold
-//	parked   "ok <n>": of them, those parked (0 without a parker)
+//	parked   "ok <n>": the sockets parked (0 without a parker): WebSockets,
+//	         and connections waiting for a first byte (new ones, and
+//	         keep-alive ones between requests)
 //	refused  "ok <JSON>": connections the listeners refused, by reason,
 //	         and those they hold open ({"rate":3,…,"open":10000})
 //
@@ -164,7 +166,8 @@ func ServeProcess(c ServeConfig, in io.Reader, out io.Writer) (err error) {
 				if parker == nil {
 					return "0", nil
 				}
-				return strconv.Itoa(parker.Parked()), nil
+				waiting := mailboxLn.l.Limited().Waiting() + channelLn.l.Limited().Waiting()
+				return strconv.Itoa(parker.Parked() + waiting), nil
 			},
 			"refused": func(string) (string, error) {
 				r := refusals.read()
