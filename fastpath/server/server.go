@@ -75,13 +75,6 @@ type Service struct {
 	// goroutine after an answer before it is parked (0:
 	// DefaultKeepAliveLinger).
 	KeepAliveLinger time.Duration
-	// ReduceIdleMemory is fasthttp's ReduceMemoryUsage: between requests
-	// of a keep-alive connection (and before the first, without a
-	// Parker) its goroutine waits on a one-byte read with no request
-	// context, read buffer or write buffer, which are taken again when
-	// the next request begins. It costs a context and buffer round trip
-	// through fasthttp's pools per request.
-	ReduceIdleMemory bool
 }
 
 // DefaultKeepAliveLinger is Service.KeepAliveLinger's default: a client
@@ -141,7 +134,6 @@ func Listen(svc Service, counters netlimit.Counters, log *slog.Logger) (*Listene
 		ErrorHandler:                  errorAnswer,
 		StreamRequestBody:             svc.StreamRequestBody,
 		KeepHijackedConns:             svc.KeepHijackedConns,
-		ReduceMemoryUsage:             svc.ReduceIdleMemory,
 		Logger:                        fasthttpLogger{log: log},
 	}
 	if svc.Parker != nil {
