@@ -2,6 +2,7 @@ package netlimit
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -32,9 +33,14 @@ import (
 // fasthttp marks a connection idle after each answer and active at the
 // first byte of the next request, and reads between the two only the
 // request's first byte, into an empty buffer (a pipelined request already
-// buffered is read without a read on the connection). A connection
-// wrapped by TLS is never marked (the TLS layer above it has state the
-// Listener cannot keep), so TLS keep-alive connections are not parked.
+// buffered is read without a read on the connection).
+//
+// TLS connections are parked the same way when the Listener runs their
+// TLS (Listener.TLS, tls.go): the server is then handed a connection of
+// the Listener's above TLS, and one parked between requests keeps its
+// TLS state (what crypto/tls holds for an established connection) and
+// is handed back as it was. One wrapped by a TLS layer of someone else's
+// is never marked: that layer's state is out of the Listener's reach.
 //
 // A parked keep-alive connection's wait ends at the read deadline the
 // server set for the idle time; one that passes is closed, not counted
@@ -78,8 +84,16 @@ func (l *Listener) ParkKeepAlive(linger time.Duration) {
 // served again already. A connection that is not one of a Listener
 // parking keep-alive connections is left as it is.
 func MarkIdle(c net.Conn, idle bool) {
-	lc, ok := c.(*conn)
-	if !ok || lc.l.parking == nil || lc.l.parking.linger == 0 {
+	var lc *conn
+	switch c := c.(type) {
+	case *conn:
+		lc = c
+	case *tlsConn:
+		lc = c.c
+	default:
+		return
+	}
+	if lc.l.parking == nil || lc.l.parking.linger == 0 {
 		return
 	}
 	lc.idle.Store(idle)
@@ -90,24 +104,26 @@ func MarkIdle(c net.Conn, idle bool) {
 // connection back to be parked (errParked).
 func (c *conn) Read(b []byte) (int, error) {
 	if c.idle.Load() {
-		return c.readNext(b)
+		return c.readNext(b, c.Conn)
 	}
 	return c.Conn.Read(b)
 }
 
 // readNext is the first read of the next request on an idle keep-alive
-// connection.
-func (c *conn) readNext(b []byte) (int, error) {
+// connection, through r: the connection itself, or the TLS above it (a
+// read that times out leaves crypto/tls's state as it was: it takes a
+// timeout for a temporary error).
+func (c *conn) readNext(b []byte, r io.Reader) (int, error) {
 	c.idle.Store(false) // one read only: the next is the server's own
 	by := c.readBy.Load()
 	until := c.l.now().Add(c.l.parking.linger)
 	if by != 0 && by <= until.UnixNano() {
-		return c.Conn.Read(b) // the idle time ends first: no parking for so short a wait
+		return r.Read(b) // the idle time ends first: no parking for so short a wait
 	}
 	if err := c.Conn.SetReadDeadline(until); err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(b)
+	n, err := r.Read(b)
 	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.handoff.Store(parkAtClose)
 		return 0, errParked
@@ -121,11 +137,12 @@ func (c *conn) readNext(b []byte) (int, error) {
 
 // handOver is Close on a connection its server let go to be parked: the
 // first Close parks it, and any other while it waits does nothing (the
-// Listener has it).
-func (c *conn) handOver() error {
+// Listener has it). outer is what the server was handed (c, or the TLS
+// above it), to be handed back.
+func (c *conn) handOver(outer net.Conn) error {
 	if c.handoff.CompareAndSwap(parkAtClose, parkedIdle) {
 		p := c.l.parking
-		p.park(&waiter{c: c, p: p, list: &p.idle, deadline: c.readBy.Load()})
+		p.park(&waiter{c: c, outer: outer, p: p, list: &p.idle, deadline: c.readBy.Load()})
 	}
 	return nil
 }

@@ -181,22 +181,44 @@ func TestKeepAliveParkedRequestsSplitAndPipelined(t *testing.T) {
 	waitFor(t, "parked again", func() bool { return s.l.Waiting() == 1 })
 }
 
-// TLS keep-alive connections are not parked (the TLS state above the
-// Listener's connection cannot be kept): they stay with the server and
-// are answered as before. What is tested is an absence, so the test
-// gives the parking several lingers to happen.
-func TestKeepAliveTLSNotParked(t *testing.T) {
+// TLS keep-alive connections are parked with their TLS when the
+// Listener runs it: the client's next request, on the TLS session it
+// has, is answered (a connection shaken hands with again would answer
+// it with an alert). Under a TLS layer of someone else's none is parked:
+// what is tested there is an absence, so the test gives the parking
+// several lingers to happen.
+func TestKeepAliveTLS(t *testing.T) {
 	cfg := &tls.Config{Certificates: []tls.Certificate{tlstest.SelfSigned(t)}}
-	s := startParked(t, Limits{}, time.Minute, func(ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) },
-		keepAlive(time.Minute, false))
-	c := tls.Client(s.dial("127.0.0.1"), &tls.Config{InsecureSkipVerify: true})
-	s.get(c)
-	time.Sleep(6 * linger)
-	if w := s.l.Waiting(); w != 0 {
-		t.Fatalf("%d waiting: a TLS keep-alive connection was parked", w)
-	}
-	s.get(c)
-	if h := s.hits.Load(); h != 2 {
-		t.Fatalf("%d requests reached the handler, want 2", h)
+	for _, own := range []bool{true, false} {
+		name := "the listener's TLS"
+		if !own {
+			name = "tls.NewListener"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := startParked(t, Limits{}, time.Minute, func(ln net.Listener) net.Listener {
+				if own {
+					return ln.(*Listener).TLS(cfg)
+				}
+				return tls.NewListener(ln, cfg)
+			}, keepAlive(time.Minute, false))
+			c := tls.Client(s.dial("127.0.0.1"), &tls.Config{InsecureSkipVerify: true})
+			for round := 1; round <= 3; round++ {
+				s.get(c)
+				if own {
+					waitFor(t, "parked with its TLS", func() bool { return s.l.Waiting() == 1 })
+					continue
+				}
+				time.Sleep(6 * linger)
+				if w := s.l.Waiting(); w != 0 {
+					t.Fatalf("%d waiting: a connection under another TLS layer was parked", w)
+				}
+			}
+			if h := s.hits.Load(); h != 3 {
+				t.Fatalf("%d requests reached the handler, want 3", h)
+			}
+			if got := s.counts.snapshot(); len(got) != 0 {
+				t.Fatalf("refusals counted: %v, want none", got)
+			}
+		})
 	}
 }

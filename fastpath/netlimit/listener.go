@@ -369,7 +369,7 @@ type conn struct {
 // (keepalive.go) is parked instead.
 func (c *conn) Close() error {
 	if c.handoff.Load() != served {
-		return c.handOver()
+		return c.handOver(c)
 	}
 	return c.closeNow()
 }

@@ -96,7 +96,10 @@ type waitList struct {
 
 // waiter is one connection waiting for a byte.
 type waiter struct {
-	c          *conn
+	c *conn
+	// outer is what Accept hands over: c, or the TLS above it of a
+	// keep-alive connection parked with its TLS state (tls.go).
+	outer      net.Conn
 	p          *parking
 	list       *waitList
 	reg        park.Reg
@@ -149,6 +152,7 @@ func (p *parking) accept() (net.Conn, error) {
 			w.reg.Unregister() // before anyone can close the socket
 			if w.list == &p.idle {
 				w.c.resumed()
+				return w.outer, nil
 			}
 			return w.c, nil
 		}

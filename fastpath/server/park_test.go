@@ -116,9 +116,9 @@ func TestParkerKeepsSilentConnectionsUntilTheirFirstByte(t *testing.T) {
 }
 
 // With a Parker, a keep-alive connection is parked between requests (the
-// service hooks fasthttp's connection states to netlimit), its next
-// request is served whatever it is, a hijack included, and Shutdown
-// closes one still parked.
+// service hooks fasthttp's connection states to netlimit), plain or TLS
+// (with its TLS session kept), its next request is served whatever it
+// is, a hijack included, and Shutdown closes one still parked.
 func TestParkerParksKeepAliveConnections(t *testing.T) {
 	set, err := park.New()
 	if errors.Is(err, park.ErrUnsupported) {
@@ -128,6 +128,16 @@ func TestParkerParksKeepAliveConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = set.Close() })
+	for _, useTLS := range []bool{false, true} {
+		name := "plain"
+		if useTLS {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) { keepAliveParked(t, set, useTLS) })
+	}
+}
+
+func keepAliveParked(t *testing.T, set *park.Set, useTLS bool) {
 	svc := Service{Name: "t", MaxHeaderBytes: 4096, HeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
 		Parker: set, KeepAliveLinger: 20 * time.Millisecond,
 		Handler: func(ctx *fasthttp.RequestCtx) {
@@ -140,11 +150,18 @@ func TestParkerParksKeepAliveConnections(t *testing.T) {
 			ctx.Response.Header.Set("Upgrade", "echo")
 			ctx.Hijack(func(c net.Conn) { _, _ = io.Copy(c, c) })
 		}}
+	if useTLS {
+		svc.TLS = &tls.Config{Certificates: []tls.Certificate{tlstest.SelfSigned(t)}}
+	}
 	l := start(t, svc, nil)
 	dial := func() (net.Conn, *bufio.Reader) {
+		var c net.Conn
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if useTLS {
+			c = tls.Client(c, &tls.Config{InsecureSkipVerify: true})
 		}
 		t.Cleanup(func() { c.Close() })
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))

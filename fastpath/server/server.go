@@ -68,8 +68,8 @@ type Service struct {
 	// With a Parker, keep-alive connections are parked between requests
 	// too: one whose next request has not begun KeepAliveLinger after its
 	// last answer waits in the set, without its goroutine, context or
-	// buffers, until it does (or until IdleTimeout). TLS connections are
-	// not (see netlimit.ParkKeepAlive).
+	// buffers, until it does (or until IdleTimeout); a TLS one keeps its
+	// TLS state (see netlimit.ParkKeepAlive).
 	Parker *park.Set
 	// KeepAliveLinger is how long a keep-alive connection keeps its
 	// goroutine after an answer before it is parked (0:
@@ -201,7 +201,7 @@ func (l *Listener) Name() string { return l.svc.Name }
 func (l *Listener) Serve() error {
 	var ln net.Listener = l.ln
 	if l.svc.TLS != nil {
-		ln = tls.NewListener(ln, l.svc.TLS)
+		ln = l.ln.TLS(l.svc.TLS) // keep-alive connections park with their TLS
 	}
 	err := l.srv.Serve(ln)
 	if err != nil && !errors.Is(err, net.ErrClosed) {
