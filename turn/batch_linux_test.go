@@ -3,6 +3,7 @@ package turn
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/netip"
@@ -40,19 +41,7 @@ type burstItem struct {
 // Data indications in the middle of runs; the biggest ChannelData a UDP
 // client can get (65,503 bytes) and one past it, which is dropped.
 func burst() (items []burstItem, tooBig int) {
-	for n := 1; n <= 300; n++ {
-		items = append(items, burstItem{n % 2, n})
-	}
-	for i := range 150 {
-		p := i % 2
-		if i%37 == 36 {
-			p = 2
-		}
-		items = append(items, burstItem{p, 1200})
-	}
-	for range 70 {
-		items = append(items, burstItem{0, 1200})
-	}
+	items = baseBurst(1, 300, 0)
 	items = append(items, burstItem{0, 500}, burstItem{1, 500}, burstItem{1, 499})
 	for range 3 {
 		items = append(items, burstItem{0, gsoMaxSegment4 - 4}) // frames of the biggest segment
@@ -84,17 +73,8 @@ func TestRelayBatched(t *testing.T) {
 			if err := c.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
 				t.Fatal(err)
 			}
-			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer0, peer2 := turntest.MustBindPeers(t, c, 0x4000)
-			peer1 := turntest.LoopbackPeer(t)
-			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
-				turntest.PeerAddress(peer1.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
-				t.Fatalf("ChannelBind: %d", code)
-			}
-			peers := []*net.UDPConn{peer0, peer1, peer2}
+			relay, peers := threePeers(t, c)
+			peer2 := peers[2]
 			items, tooBig := burst()
 			want := make([][]int, 3) // per peer: the sizes expected, in order
 			var wantPackets, wantBytes uint64
@@ -166,40 +146,65 @@ func TestRelayBatched(t *testing.T) {
 func lens(got [][]int) []int { return []int{len(got[0]), len(got[1]), len(got[2])} }
 
 // TestRelayBatchedStream: a stream client's frames keep the stream path
-// (padded ChannelData, written as framed) when the reader relays a whole
-// batch at once.
+// (padded ChannelData, Data indications in the order read) when the reader
+// relays a whole batch at once, over TCP and TLS, and the batch's
+// ChannelData frames leave in few writes: one per run of frames between
+// indications, not one per frame.
 func TestRelayBatchedStream(t *testing.T) {
-	hold := make(chan struct{})
-	s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads = 4<<20, hold })
-	c := rawClient(t, s, "tcp", "batched-stream")
-	relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
-	if err != nil {
-		t.Fatal(err)
+	for _, network := range []string{"tcp", "tls"} {
+		t.Run(network, func(t *testing.T) {
+			hold := make(chan struct{})
+			s, _ := testServer(t, func(c *Config) {
+				c.SocketBuffer, c.holdRelayReads = 4<<20, hold
+				withTLS(t, c)
+			})
+			c := rawClient(t, s, network, "batched-stream")
+			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			chPeer, indPeer := turntest.MustBindPeers(t, c, 0x4000)
+			var sizes []int
+			for i := range 200 {
+				sizes = append(sizes, 1+i*7%1500)
+			}
+			// The biggest datagram a stream carries as ChannelData (its
+			// length field's 65,535 bytes past what UDP carries), between
+			// two small ones, all in one batch.
+			sizes = append(sizes, 3, maxIPv4Datagram, 5)
+			channelFrames := 0
+			for i, n := range sizes {
+				p := chPeer
+				if i%5 == 4 && i < 200 {
+					p = indPeer
+				} else {
+					channelFrames++
+				}
+				if _, err := p.WriteToUDPAddrPort(payload(n, byte(n)), relay); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(hold)
+			for i, n := range sizes {
+				if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, payload(n, byte(n))) {
+					t.Fatalf("datagram %d: %d bytes, want %d", i, len(got), n)
+				}
+			}
+			r := relayOf(t, s, relay.Port())
+			if got := r.downPackets.Load(); got != uint64(len(sizes)) {
+				t.Errorf("counted %d datagrams to a stream client, want %d", got, len(sizes))
+			}
+			if writes := r.downRuns.Load(); writes == 0 || writes > uint64(channelFrames)/2 {
+				t.Errorf("%d stream writes carried %d ChannelData frames: not batched", writes, channelFrames)
+			}
+		})
 	}
-	chPeer, indPeer := turntest.MustBindPeers(t, c, 0x4000)
-	var sizes []int
-	for i := range 200 {
-		sizes = append(sizes, 1+i*7%1500)
-	}
-	for i, n := range sizes {
-		p := chPeer
-		if i%5 == 4 {
-			p = indPeer
-		}
-		if _, err := p.WriteToUDPAddrPort(payload(n, byte(n)), relay); err != nil {
-			t.Fatal(err)
-		}
-	}
-	close(hold)
-	for i, n := range sizes {
-		if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, payload(n, byte(n))) {
-			t.Fatalf("datagram %d: %d bytes, want %d", i, len(got), n)
-		}
-	}
-	r := relayOf(t, s, relay.Port())
-	if got := r.downPackets.Load(); got != uint64(len(sizes)) || r.downRuns.Load() != 0 {
-		t.Errorf("counted %d datagrams (%d GSO sends) to a stream client, want %d (0)", got, r.downRuns.Load(), len(sizes))
-	}
+}
+
+// withTLS gives the server a turns: listener on a self-signed certificate.
+func withTLS(t *testing.T, c *Config) {
+	c.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
+	c.TLSListen = "127.0.0.1:0"
 }
 
 // TestRelayBatchAllocs: a burst of ChannelData both ways, read and sent in
@@ -353,38 +358,8 @@ func TestRelayBatchedUp(t *testing.T) {
 			hold := &upHold{}
 			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.noGSO, c.beforeUpRead = 4<<20, mode.noGSO, hold.before })
 			c := rawClient(t, s, "udp", "batched-up")
-			relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer0, peer2 := turntest.MustBindPeers(t, c, 0x4000)
-			peer1 := turntest.LoopbackPeer(t)
-			if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
-				turntest.PeerAddress(peer1.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
-				t.Fatalf("ChannelBind: %d", code)
-			}
-			peers := []*net.UDPConn{peer0, peer1, peer2}
-			for _, p := range peers {
-				if err := p.SetReadBuffer(4 << 20); err != nil {
-					t.Fatal(err)
-				}
-			}
-			peer2Addr := peer2.LocalAddr().(*net.UDPAddr).AddrPort()
-
-			var items []burstItem
-			for n := 0; n <= 300; n++ {
-				items = append(items, burstItem{n % 2, n})
-			}
-			for i := range 150 {
-				p := i % 2
-				if i%37 == 36 {
-					p = 2
-				}
-				items = append(items, burstItem{p, 1200})
-			}
-			for range 70 {
-				items = append(items, burstItem{1, 1200})
-			}
+			relay, peers := threePeers(t, c)
+			items := baseBurst(0, 300, 1)
 			items = append(items, burstItem{1, 600}, burstItem{0, 9000}, burstItem{1, maxIPv4Datagram - 4},
 				burstItem{0, gsoMaxSegment4}, burstItem{0, gsoMaxSegment4}, burstItem{0, gsoMaxSegment4 + 1}, burstItem{1, 3})
 
@@ -400,51 +375,155 @@ func TestRelayBatchedUp(t *testing.T) {
 					t.Fatal("the listener's reader never came back to the gate")
 				}
 			}
-			want := make([][]int, 3)
-			var wantPackets, wantBytes uint64
-			for i, it := range items {
-				data := payload(it.size, byte(it.size))
-				frame := c.ChannelData(0x4000+uint16(it.peer), data)
-				if it.peer == 2 {
-					frame = turntest.SendIndication(peer2Addr, data)
-				}
-				if err := c.Send(frame); err != nil {
+			frames, want := upFrames(c, peers, items)
+			for _, f := range frames {
+				if err := c.Send(f); err != nil {
 					t.Fatal(err)
 				}
-				if i%50 == 0 {
-					_ = c.Send(c.ChannelData(0x4FFF, data)) // unbound: dropped
-				}
-				want[it.peer] = append(want[it.peer], it.size)
-				wantPackets++
-				wantBytes += uint64(it.size)
 			}
 			hold.mu.Unlock()
 
-			buf := make([]byte, 64<<10)
-			for p, conn := range peers {
-				for k, size := range want[p] {
-					_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
-					n, _, err := conn.ReadFromUDPAddrPort(buf)
-					if err != nil {
-						t.Fatalf("peer %d, datagram %d of %d: %v", p, k, len(want[p]), err)
-					}
-					if !bytes.Equal(buf[:n], payload(size, byte(size))) {
-						t.Fatalf("peer %d, datagram %d: %d bytes, want %d", p, k, n, size)
-					}
-				}
-				_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-				if n, _, err := conn.ReadFromUDPAddrPort(buf); err == nil {
-					t.Errorf("peer %d: a datagram more than sent: %d bytes", p, n)
-				}
-			}
 			r := relayOf(t, s, relay.Port())
-			if p, b := r.upPackets.Load(), r.upBytes.Load(); p != wantPackets || b != wantBytes {
-				t.Errorf("counted %d datagrams, %d bytes to peers; want %d, %d", p, b, wantPackets, wantBytes)
-			}
+			expectAtPeers(t, r, peers, want)
 			if runs := r.upRuns.Load(); mode.noGSO != (runs == 0) {
 				t.Errorf("%d GSO sends to peers on the %s path", runs, mode.name)
 			}
 		})
+	}
+}
+
+// TestRelayBatchedStreamUp: the same burst written at once by a TCP or TLS
+// client (the biggest ChannelData a UDP peer can get, and one past it,
+// which is dropped, instead of the UDP leg's limits) reaches the peers
+// whole and in order, counted exactly. From TCP, runs of equal frames
+// leave as GSO sends (what one read brings is sent on in batches); from
+// TLS, a record at a time, one by one.
+func TestRelayBatchedStreamUp(t *testing.T) {
+	for _, network := range []string{"tcp", "tls"} {
+		t.Run(network, func(t *testing.T) {
+			s, _ := testServer(t, func(c *Config) { c.SocketBuffer = 4 << 20; withTLS(t, c) })
+			if !s.out.gso.on.Load() {
+				t.Skip("no UDP GSO in this kernel")
+			}
+			c := rawClient(t, s, network, "batched-stream-up")
+			relay, peers := threePeers(t, c)
+			items := append(baseBurst(0, 200, 1), burstItem{0, 9000}, burstItem{1, maxIPv4Datagram}, burstItem{0, 3})
+			frames, want := upFrames(c, peers, items)
+			var stream []byte
+			for _, f := range frames {
+				stream = append(stream, f...)
+			}
+			// Past what a UDP peer can get: dropped, the stream goes on.
+			stream = append(stream, c.ChannelData(0x4000, payload(maxIPv4Datagram+1, 1))...)
+			stream = append(stream, c.ChannelData(0x4000, payload(5, 5))...)
+			want[0] = append(want[0], 5)
+			if err := c.Send(stream); err != nil {
+				t.Fatal(err)
+			}
+			r := relayOf(t, s, relay.Port())
+			expectAtPeers(t, r, peers, want)
+			if runs := r.upRuns.Load(); (network == "tcp") != (runs > 0) {
+				t.Errorf("%d GSO sends to peers from %s", runs, network)
+			}
+		})
+	}
+}
+
+// threePeers allocates for c and binds peer 0 to channel 0x4000 and peer 1 to
+// 0x4001; peer 2 has a permission only. Each can queue a whole burst.
+func threePeers(t *testing.T, c *turntest.STUNClient) (netip.AddrPort, []*net.UDPConn) {
+	t.Helper()
+	relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer0, peer2 := turntest.MustBindPeers(t, c, 0x4000)
+	peer1 := turntest.LoopbackPeer(t)
+	if code, _ := turntest.MustRequest(t, c, stun.MethodChannelBind, turntest.ChannelNumber(0x4001),
+		turntest.PeerAddress(peer1.LocalAddr().(*net.UDPAddr).AddrPort())); code != 0 {
+		t.Fatalf("ChannelBind: %d", code)
+	}
+	peers := []*net.UDPConn{peer0, peer1, peer2}
+	for _, p := range peers {
+		if err := p.SetReadBuffer(4 << 20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return relay, peers
+}
+
+// baseBurst is the start of a burst: every size from first to last on the
+// two channels by turns, 150 of 1,200 bytes interleaved with a Data or
+// Send indication now and then, and 70 more from runPeer (runs past a GSO
+// send's 64).
+func baseBurst(first, last, runPeer int) []burstItem {
+	var items []burstItem
+	for n := first; n <= last; n++ {
+		items = append(items, burstItem{n % 2, n})
+	}
+	for i := range 150 {
+		p := i % 2
+		if i%37 == 36 {
+			p = 2
+		}
+		items = append(items, burstItem{p, 1200})
+	}
+	for range 70 {
+		items = append(items, burstItem{runPeer, 1200})
+	}
+	return items
+}
+
+// upFrames are the client's frames for items (ChannelData to peers 0 and
+// 1, Send indications to peer 2), with a frame for an unbound channel now
+// and then, and the sizes each peer is to get, in order.
+func upFrames(c *turntest.STUNClient, peers []*net.UDPConn, items []burstItem) (frames [][]byte, want [][]int) {
+	peer2 := peers[2].LocalAddr().(*net.UDPAddr).AddrPort()
+	want = make([][]int, len(peers))
+	for i, it := range items {
+		data := payload(it.size, byte(it.size))
+		frame := c.ChannelData(0x4000+uint16(it.peer), data)
+		if it.peer == 2 {
+			frame = turntest.SendIndication(peer2, data)
+		}
+		frames = append(frames, frame)
+		if i%50 == 0 {
+			frames = append(frames, c.ChannelData(0x4FFF, data)) // unbound: dropped
+		}
+		want[it.peer] = append(want[it.peer], it.size)
+	}
+	return frames, want
+}
+
+// expectAtPeers reads from each peer the datagrams of the sizes it is to
+// get, in order and whole, then nothing more, and checks that r counted
+// exactly them.
+func expectAtPeers(t *testing.T, r *relayConn, peers []*net.UDPConn, want [][]int) {
+	t.Helper()
+	var wantPackets, wantBytes uint64
+	buf := make([]byte, 64<<10)
+	for p, conn := range peers {
+		for k, size := range want[p] {
+			_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			n, _, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("peer %d, datagram %d of %d: %v", p, k, len(want[p]), err)
+			}
+			if !bytes.Equal(buf[:n], payload(size, byte(size))) {
+				t.Fatalf("peer %d, datagram %d: %d bytes, want %d", p, k, n, size)
+			}
+			wantPackets++
+			wantBytes += uint64(size)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, _, err := conn.ReadFromUDPAddrPort(buf); err == nil {
+			t.Errorf("peer %d: a datagram more than sent: %d bytes", p, n)
+		}
+	}
+	// The counters are added after the sends: the last may lag the peers.
+	waitFor(t, "the counters", func() bool { return r.upPackets.Load() == wantPackets })
+	if b := r.upBytes.Load(); b != wantBytes {
+		t.Errorf("counted %d bytes to peers; want %d", b, wantBytes)
 	}
 }
 

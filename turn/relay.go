@@ -90,7 +90,9 @@ type relayConn struct {
 	// server's totals when the allocation closes.
 	upPackets, upBytes, downPackets, downBytes atomic.Uint64
 	// downRuns and upRuns are the GSO sends that carried some of those
-	// datagrams (Linux); tests read them to see which batched path ran.
+	// datagrams (Linux), and downRuns also the writes of ChannelData
+	// batches to a stream client; tests read them to see which batched
+	// path ran.
 	downRuns, upRuns atomic.Uint64
 	// finalDrops is the kernel's drop count of the socket, read just
 	// before it closes (a closed socket's count cannot be read), for the
@@ -139,19 +141,25 @@ func (r *relayConn) deliver(b []byte, n int, peer netip.AddrPort) {
 // to the client. A failed write drops the datagram, as a full socket
 // buffer would; for a stream, the connection's reader will see the error.
 func (r *relayConn) sendDown(d *downstream, p []byte, number uint16, n int) {
-	putChannelHeader(p, number, n)
-	end := 4 + n
-	if d.stream != nil {
-		// Over a stream ChannelData is padded to a multiple of 4 bytes
-		// (RFC 8656 §12.5).
-		end = (4 + n + 3) &^ 3
-		clear(p[4+n : end])
-	}
+	end := putChannelFrame(p, number, n, d.stream != nil)
 	if d.write(p[:end]) != nil {
 		return
 	}
 	r.downPackets.Add(1)
 	r.downBytes.Add(uint64(n))
+}
+
+// putChannelFrame frames p[4:4+n] as ChannelData for channel number, in
+// place, and returns the frame's length: over a stream padded to a
+// multiple of 4 bytes (RFC 8656 §12.5), the padding zeroed.
+func putChannelFrame(p []byte, number uint16, n int, stream bool) int {
+	putChannelHeader(p, number, n)
+	if !stream {
+		return 4 + n
+	}
+	end := (4 + n + 3) &^ 3
+	clear(p[4+n : end])
+	return end
 }
 
 // putChannelHeader writes a ChannelData header for channel number and an

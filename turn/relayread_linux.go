@@ -78,9 +78,15 @@ func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
 }
 
 // deliverBatch relays a batch in the order read. ChannelData for a UDP
-// client is queued and sent batched; a Data indication first flushes the
-// queue, so the client gets every datagram in the order the socket read
-// them. Stream clients get each frame as it is framed.
+// client is queued and sent batched. For a TCP or TLS client the frames,
+// framed and padded in place, are moved together in the arena and written
+// at once, so that a batch costs one send (over TLS, one record per 16 KiB
+// instead of one per datagram, and one send per record); each frame moves
+// towards the arena's start, never past the start of its own slot (a slot
+// is longer than its padded frame), so the moves overwrite only frames
+// already moved and no slot still to be read. A Data indication first
+// sends what came before it, so the client gets every datagram in the
+// order the socket read them.
 func (r *relayConn) deliverBatch(b *relayBatch) {
 	rt, d := r.routes.Load(), r.down.Load()
 	if rt == nil || d == nil {
@@ -91,6 +97,7 @@ func (r *relayConn) deliverBatch(b *relayBatch) {
 	if batched {
 		q.start(out.rc, out.v6, out.gso, 4)
 	}
+	var run streamRun
 	for i := range b.count {
 		n := int(b.n[i])
 		if n > maxDatagram {
@@ -98,26 +105,69 @@ func (r *relayConn) deliverBatch(b *relayBatch) {
 		}
 		slot, peer := b.slot(i), b.from[i]
 		if number, ok := rt.byPeer[peer]; ok {
-			frame := slot[relayHeadroom-4 : relayHeadroom+n]
-			if batched {
-				putChannelHeader(frame, number, n)
-				if q.add(frame, d.client) {
-					continue
-				}
+			at := int(b.off[i]) + relayHeadroom - 4
+			size := putChannelFrame(b.arena[at:], number, n, d.stream != nil)
+			switch {
+			case d.stream != nil:
+				run.add(b.arena, at, size, n)
+				continue
+			case batched && q.add(b.arena[at:at+size], d.client):
+				continue
 			}
-			r.sendDown(d, slot[relayHeadroom-4:], number, n)
+			r.sendDown(d, b.arena[at:], number, n)
 			continue
 		}
 		if rt.perms[peer.Addr()] {
-			if batched {
-				r.countDown(q.flush())
-			}
+			r.flushDown(d, b, &run, batched)
 			r.sendIndication(d, slot, n, peer)
 		}
 	}
+	r.flushDown(d, b, &run, batched)
+}
+
+// flushDown sends what the batch holds for the client: the UDP queue (when
+// batched), the stream run.
+func (r *relayConn) flushDown(d *downstream, b *relayBatch, run *streamRun, batched bool) {
 	if batched {
-		r.countDown(q.flush())
+		r.countDown(b.q.flush())
 	}
+	r.writeRun(d, b.arena, run)
+}
+
+// streamRun is the frames of a batch gathered for one stream write:
+// arena[start:end], carrying packets datagrams of bytes payload bytes.
+type streamRun struct {
+	start, end     int
+	packets, bytes uint64
+}
+
+// add appends the size-byte frame at arena[at:] (payload n bytes) to the
+// run, moving it behind the run's last frame.
+func (s *streamRun) add(arena []byte, at, size, n int) {
+	if s.packets == 0 {
+		s.start, s.end = at, at
+	}
+	if at != s.end {
+		copy(arena[s.end:s.end+size], arena[at:at+size])
+	}
+	s.end += size
+	s.packets++
+	s.bytes += uint64(n)
+}
+
+// writeRun writes the run's frames to the stream client and empties it.
+// A failed write drops them, as a full socket buffer would; the
+// connection's reader will see the error.
+func (r *relayConn) writeRun(d *downstream, arena []byte, s *streamRun) {
+	if s.packets == 0 {
+		return
+	}
+	if d.write(arena[s.start:s.end]) == nil {
+		r.downPackets.Add(s.packets)
+		r.downBytes.Add(s.bytes)
+		r.downRuns.Add(1)
+	}
+	*s = streamRun{}
 }
 
 // countDown adds what a flush sent to the allocation's counters.

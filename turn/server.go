@@ -104,6 +104,9 @@ type Server struct {
 	metrics *metrics
 	// relayBufs are the relay sockets' read buffers (see datagramReader).
 	relayBufs *sync.Pool
+	// upQueues are the queues stream connections borrow to send a read's
+	// ChannelData on to the peers (Linux: streamup_linux.go).
+	upQueues sync.Pool
 	// out sends relayed frames to UDP clients in batches (Linux; see
 	// gso_linux.go).
 	out *udpOut

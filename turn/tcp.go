@@ -73,6 +73,8 @@ func (l *streamListener) Accept() (net.Conn, error) {
 		if l.tls != nil {
 			sc.Conn = tls.Server(c, l.tls)
 			sc.handshake = true
+		} else {
+			sc.batchUp()
 		}
 		return sc, nil
 	}
@@ -92,6 +94,9 @@ type streamConn struct {
 	buf  []byte // frames read but not handed on: buf[r:w]
 	r, w int
 	rest []byte // the part of a frame pion's buffer had no room for
+	// ups queues the ChannelData in buf[:r] for the peers until the next
+	// read moves buf (Linux, TCP; see streamup_linux.go).
+	ups streamUps
 
 	allocated atomic.Bool // an allocation is bound to this connection
 	idleArmed bool        // a read deadline is set
@@ -116,12 +121,14 @@ func (c *streamConn) Read(p []byte) (int, error) {
 	for {
 		frame, err := c.next()
 		if err != nil {
+			c.flushUp()
 			return 0, err
 		}
 		if isChannelData(frame) {
-			c.srv.relayUp(c.t, frame)
+			c.relayChannelData(frame)
 			continue
 		}
+		c.flushUp() // the data that came before goes before what this message does
 		if c.srv.relaySend(c.t, frame) {
 			continue
 		}
@@ -147,7 +154,8 @@ func (c *streamConn) doHandshake() error {
 
 // next returns the next whole frame: a STUN message (20-byte header plus
 // its length) or ChannelData (4-byte header plus its length, padded to 4).
-// The frame stays valid until the next call.
+// The frame stays valid until the next call, and the frames before it too
+// unless the call reads: what is queued for the peers is sent first.
 func (c *streamConn) next() ([]byte, error) {
 	for {
 		if avail := c.w - c.r; avail >= 4 {
@@ -176,6 +184,7 @@ func (c *streamConn) next() ([]byte, error) {
 				c.buf = grown
 			}
 		}
+		c.flushUp() // the read moves buf, where the queued payloads are
 		if err := c.fill(); err != nil {
 			return nil, err
 		}

@@ -49,9 +49,23 @@ type upBatch struct {
 	from        [maxSlots]netip.AddrPort
 	errno       syscall.Errno // what ended the read, reported once the batch is handled
 
-	ups  [maxSlots]upEntry
-	nups int
-	q    sendQueue
+	up upQueue
+}
+
+// upQueue is ChannelData payloads for relay sockets' peers, queued in the
+// order they came and sent on at a flush, each relay socket's in one go.
+// The listener's batch has one; a stream connection borrows one from the
+// server's pool while it relays what one read brought.
+type upQueue struct {
+	ups [maxSlots]upEntry
+	n   int
+	q   sendQueue
+}
+
+func newUpQueue() *upQueue {
+	u := &upQueue{}
+	u.q.init()
+	return u
 }
 
 // upEntry is a ChannelData payload for a relay socket's peer.
@@ -66,7 +80,7 @@ func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
 	if !s.cfg.NoGRO {
 		enableGRO(s.out.rc)
 	}
-	u.b.q.init()
+	u.b.up.q.init()
 	u.recv = u.recvBatches
 	return u
 }
@@ -138,10 +152,10 @@ func (c *udpConn) handle(p []byte) bool {
 		pkt, src := b.arena[off:off+n:off+n], b.from[i]
 		t := tuple{client: src, server: c.local}
 		if isChannelData(pkt) {
-			c.queueUp(t, pkt)
+			b.up.add(c.srv, t, pkt)
 			continue
 		}
-		c.flushUp() // what came before is relayed before what pion does next
+		b.up.flush(c.srv.out.gso) // what came before is relayed before what pion does next
 		if c.srv.relaySend(t, pkt) {
 			continue
 		}
@@ -154,7 +168,7 @@ func (c *udpConn) handle(p []byte) bool {
 		c.resN, c.resAddr = copy(p, pkt), net.UDPAddrFromAddrPort(src)
 		return true
 	}
-	c.flushUp()
+	b.up.flush(c.srv.out.gso)
 	return false
 }
 
@@ -199,10 +213,11 @@ func (c *udpConn) readBatch(fd uintptr) (empty bool) {
 	return false
 }
 
-// queueUp queues a ChannelData frame's payload for the peer bound to its
+// add queues a ChannelData frame's payload for the peer bound to its
 // channel; frames for no allocation or an unbound channel are dropped, as
-// RFC 8656 §12.6 says (see relayUp).
-func (c *udpConn) queueUp(t tuple, frame []byte) {
+// RFC 8656 §12.6 says (pion would drop them too, after logging). The
+// payload stays where it is until the flush.
+func (u *upQueue) add(s *Server, t tuple, frame []byte) {
 	if len(frame) < 4 {
 		return
 	}
@@ -210,7 +225,7 @@ func (c *udpConn) queueUp(t tuple, frame []byte) {
 	if 4+length > len(frame) {
 		return
 	}
-	r := c.srv.relays.lookup(t)
+	r := s.relays.lookup(t)
 	if r == nil {
 		return
 	}
@@ -222,24 +237,22 @@ func (c *udpConn) queueUp(t tuple, frame []byte) {
 	if !ok {
 		return
 	}
-	b := c.b
-	b.ups[b.nups] = upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
-	b.nups++
+	u.ups[u.n] = upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
+	u.n++
 }
 
-// flushUp sends the queued payloads, each relay socket's in one go, in
-// the order they came (relay sockets in the order of their first).
-func (c *udpConn) flushUp() {
-	b := c.b
-	for k := range b.nups {
-		r := b.ups[k].r
+// flush sends the queued payloads, each relay socket's in one go, in the
+// order they came (relay sockets in the order of their first).
+func (u *upQueue) flush(gso *gsoState) {
+	for k := range u.n {
+		r := u.ups[k].r
 		if r == nil {
 			continue // sent with an earlier one of its relay
 		}
-		q := &b.q
-		q.start(r.reader.rc, r.reader.v6, c.srv.out.gso, 0)
-		for m := k; m < b.nups; m++ {
-			e := &b.ups[m]
+		q := &u.q
+		q.start(r.reader.rc, r.reader.v6, gso, 0)
+		for m := k; m < u.n; m++ {
+			e := &u.ups[m]
 			if e.r != r {
 				continue
 			}
@@ -254,7 +267,7 @@ func (c *udpConn) flushUp() {
 		}
 		r.countUp(q.flush())
 	}
-	b.nups = 0
+	u.n = 0
 }
 
 // countUp adds what a flush sent to the allocation's counters.

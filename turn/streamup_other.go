@@ -1,0 +1,17 @@
+//go:build !linux
+
+package turn
+
+// streamUps is empty on this system: ChannelData from a stream client is
+// relayed a frame at a time (Linux queues a read's worth:
+// streamup_linux.go).
+type streamUps struct{}
+
+// relayChannelData relays a ChannelData frame from the client to its peer.
+func (c *streamConn) relayChannelData(frame []byte) { c.srv.relayUp(c.t, frame) }
+
+// batchUp does nothing here.
+func (c *streamConn) batchUp() {}
+
+// flushUp has nothing to send.
+func (c *streamConn) flushUp() {}
