@@ -63,6 +63,10 @@ type Options struct {
 	// (turnserve -no-gro) instead of against coturn; UDP only. With GSO
 	// runs, the baseline reads the same input a datagram at a time.
 	BaselineNoGRO bool
+	// BaselineTurnserve, when set, is the baseline instead of coturn:
+	// another turnserve binary (a build from before a change), started as
+	// ours is, under the name "other".
+	BaselineTurnserve string
 	// ServerCPU and LoadCPU are the cores the servers and the load
 	// generator are pinned to. Defaults 0 and 1; pinning is skipped (and
 	// the report says so) on a machine with one core or without taskset.
@@ -115,6 +119,9 @@ func (o Options) withDefaults() (Options, error) {
 		if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: p}).withDefaults(); err != nil {
 			return o, err
 		}
+	}
+	if o.BaselineNoGRO && o.BaselineTurnserve != "" {
+		return o, errors.New("turnbench: one baseline: GRO off or another turnserve, not both")
 	}
 	if o.BaselineNoGRO && o.Transport != UDP {
 		return o, fmt.Errorf("turnbench: a GRO-off baseline needs transport udp, not %s", o.Transport)
@@ -196,7 +203,7 @@ type Report struct {
 	Pinned   bool   // servers and load generator ran on separate cores
 	Machine  string // GOOS/GOARCH, cores
 	Go       string
-	Coturn   string // turnserver's version line ("" with BaselineNoGRO)
+	Coturn   string // turnserver's version line ("" when not the baseline)
 	Profile  string // top of our server's CPU profile, if asked for
 	Elapsed  time.Duration
 	Warnings []string
@@ -213,7 +220,7 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	rep = Report{Options: o, Go: runtime.Version(),
 		Machine: fmt.Sprintf("%s/%s, %d cores", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
 	var coturnBin string
-	if !o.BaselineNoGRO {
+	if o.againstCoturn() {
 		if coturnBin, err = exec.LookPath(o.Turnserver); err != nil {
 			return rep, fmt.Errorf("turnbench: coturn's turnserver not found (%w): run .ci/install-coturn.sh", err)
 		}
@@ -264,10 +271,14 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	}
 	defer func() { err = errors.Join(err, ours.stop()) }()
 	var base *server
-	if o.BaselineNoGRO {
+	switch {
+	case o.BaselineNoGRO:
 		oo.noGRO = true
 		base, err = startOurs(ctx, o.Turnserve, secret, realm, serverCPU, oo)
-	} else {
+	case o.BaselineTurnserve != "":
+		oo.name = "other"
+		base, err = startOurs(ctx, o.BaselineTurnserve, secret, realm, serverCPU, oo)
+	default:
 		base, err = startCoturn(ctx, coturnBin, secret, realm, dir, serverCPU, cert)
 	}
 	if err != nil {
@@ -315,6 +326,9 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 	rep.Elapsed = time.Since(start)
 	return rep, nil
 }
+
+// againstCoturn reports whether coturn is the baseline.
+func (o Options) againstCoturn() bool { return !o.BaselineNoGRO && o.BaselineTurnserve == "" }
 
 // measure runs the load once against s, taking the server's CPU time
 // (and, for ours, its malloc and relayed counts) over the counted window.

@@ -84,6 +84,7 @@ func TestOptionsRefuseImpossibleLoads(t *testing.T) {
 		{GSO: 64, Payloads: []int{1200}}, // 64 × 1,204 bytes is past 65,507
 		{Transport: "quic"},
 		{Transport: TCP, BaselineNoGRO: true}, // GRO is UDP's
+		{BaselineNoGRO: true, BaselineTurnserve: "/bin/true"},
 	} {
 		if _, err := o.withDefaults(); err == nil {
 			t.Errorf("%+v: accepted", o)

@@ -1,6 +1,7 @@
 package turnbench
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -13,18 +14,13 @@ import (
 
 // gsoSender sends a run of equal-size datagrams from a UDP socket to one
 // address as one sendmsg with a UDP_SEGMENT control message (Linux 4.18),
-// as the TURN server's relay path does (turn/gso_linux.go). The syscall's
-// arguments live here, so a send allocates nothing; one sender at a time
-// (the stream's lock).
+// as the TURN server's relay path does (turn/gso_linux.go), through the
+// net package's WriteMsgUDPAddrPort. One sender at a time (the stream's
+// lock): the control message is reused.
 type gsoSender struct {
-	rc    syscall.RawConn
-	name  unix.RawSockaddrInet6 // or a RawSockaddrInet4 in its first bytes
-	nlen  uint32
-	hdr   unix.Msghdr
-	iov   unix.Iovec
-	cmsg  [4]uint64 // a UDP_SEGMENT control message (uint64s: aligned for its header)
-	errno syscall.Errno
-	write func(fd uintptr) bool // made once: a closure per send would allocate
+	c   *net.UDPConn
+	dst netip.AddrPort
+	oob []byte // the UDP_SEGMENT control message; its value is set per send
 }
 
 // errNoGSO is the kernel refusing UDP_SEGMENT: this load cannot be made.
@@ -42,60 +38,24 @@ func newGSOSender(c *net.UDPConn, dst netip.AddrPort) (*gsoSender, error) {
 	if gerr != nil {
 		return nil, fmt.Errorf("%w: %v", errNoGSO, gerr)
 	}
-	g := &gsoSender{rc: rc}
-	local := c.LocalAddr().(*net.UDPAddr)
-	a := dst.Addr()
-	switch {
-	case local.IP.To4() != nil && a.Unmap().Is4():
-		*(*unix.RawSockaddrInet4)(unsafe.Pointer(&g.name)) = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.Unmap().As4()}
-		g.nlen = unix.SizeofSockaddrInet4
-	default:
-		g.name = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
-		g.nlen = unix.SizeofSockaddrInet6
-	}
-	port := (*[2]byte)(unsafe.Pointer(&g.name.Port)) // the same offset in both; network byte order
-	port[0], port[1] = byte(dst.Port()>>8), byte(dst.Port())
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&g.cmsg[0]))
+	oob := make([]byte, unix.CmsgSpace(2)) // a fresh slice: aligned for the header
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 	h.Level = unix.SOL_UDP
 	h.Type = unix.UDP_SEGMENT
 	h.SetLen(unix.CmsgLen(2))
-	g.write = g.sendmsg
-	return g, nil
+	return &gsoSender{c: c, dst: dst, oob: oob}, nil
 }
 
 // send sends buf as datagrams of seg bytes each (the last may be shorter),
 // one sendmsg.
 func (g *gsoSender) send(buf []byte, seg int) error {
-	g.iov.Base = &buf[0]
-	g.iov.SetLen(len(buf))
-	g.hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&g.name)), Namelen: g.nlen, Iov: &g.iov}
-	g.hdr.SetIovlen(1)
-	g.hdr.Control = (*byte)(unsafe.Pointer(&g.cmsg[0]))
-	g.hdr.SetControllen(unix.CmsgSpace(2))
-	*(*uint16)(unsafe.Pointer(uintptr(unsafe.Pointer(&g.cmsg[0])) + uintptr(unix.CmsgLen(0)))) = uint16(seg)
-	g.errno = 0
-	if err := g.rc.Write(g.write); err != nil {
-		return fmt.Errorf("turnbench: GSO send: %w", err)
-	}
-	switch g.errno {
-	case 0:
+	binary.NativeEndian.PutUint16(g.oob[unix.CmsgLen(0):], uint16(seg))
+	_, _, err := g.c.WriteMsgUDPAddrPort(buf, g.oob, g.dst)
+	switch {
+	case err == nil:
 		return nil
-	case syscall.EINVAL, syscall.EIO, syscall.ENOPROTOOPT, syscall.EOPNOTSUPP:
-		return fmt.Errorf("%w: %v", errNoGSO, g.errno)
+	case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.EIO), errors.Is(err, syscall.ENOPROTOOPT), errors.Is(err, syscall.EOPNOTSUPP):
+		return fmt.Errorf("%w: %v", errNoGSO, err)
 	}
-	return fmt.Errorf("turnbench: GSO send: %w", g.errno)
-}
-
-func (g *gsoSender) sendmsg(fd uintptr) bool {
-	for {
-		_, _, e := unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&g.hdr)), 0)
-		switch e {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false // wait until the socket is writable
-		}
-		g.errno = e
-		return true
-	}
+	return fmt.Errorf("turnbench: GSO send: %w", err)
 }

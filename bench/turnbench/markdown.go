@@ -9,12 +9,15 @@ import (
 func (r Report) Markdown() string {
 	var b strings.Builder
 	base, against := "coturn", "coturn"
-	if r.Options.BaselineNoGRO {
+	switch {
+	case r.Options.BaselineNoGRO:
 		base, against = "GRO off", "edgerelay with UDP_GRO off"
+	case r.Options.BaselineTurnserve != "":
+		base, against = "other", "edgerelay built as "+r.Options.BaselineTurnserve
 	}
 	fmt.Fprintf(&b, "## TURN relay: edgerelay vs %s, %s\n\n", against, r.Options.loadTitle())
 	fmt.Fprintf(&b, "%s; %s", r.Machine, r.Go)
-	if !r.Options.BaselineNoGRO {
+	if r.Options.againstCoturn() {
 		fmt.Fprintf(&b, "; %s", firstLine(r.Coturn))
 	}
 	fmt.Fprintf(&b, ". ")
@@ -91,8 +94,11 @@ func (o Options) loadDescription() string {
 
 // baselineName is the baseline in a sentence.
 func (o Options) baselineName() string {
-	if o.BaselineNoGRO {
+	switch {
+	case o.BaselineNoGRO:
 		return "ours with UDP_GRO off"
+	case o.BaselineTurnserve != "":
+		return "the other turnserve"
 	}
 	return "coturn"
 }

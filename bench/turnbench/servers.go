@@ -51,6 +51,8 @@ type oursOptions struct {
 	cert *benchCert
 	// noGRO starts it with -no-gro, under the name "ours-nogro".
 	noGRO bool
+	// name, when set, is its name in place of "ours".
+	name string
 }
 
 // startOurs runs the turnserve binary and reads its start-up line.
@@ -67,6 +69,9 @@ func startOurs(ctx context.Context, bin, secret, realm string, cpu int, oo oursO
 	if oo.noGRO {
 		args = append(args, "-no-gro")
 		name = "ours-nogro"
+	}
+	if oo.name != "" {
+		name = oo.name
 	}
 	argv := pinned(cpu, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)

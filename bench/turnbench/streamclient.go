@@ -93,22 +93,16 @@ func (c *streamClient) start(onEcho func([]byte)) {
 			if err != nil {
 				return
 			}
-			length := int(binary.BigEndian.Uint16(head[2:4]))
-			var size int
-			switch head[0] & 0xC0 {
-			case 0x00:
-				size = 20 + length
-			case 0x40:
-				size = (4 + length + 3) &^ 3
-			default:
+			size, ok := turntest.StreamFrameSize(head)
+			if !ok {
 				return // neither STUN nor ChannelData: the stream is lost
 			}
 			frame, err := r.Peek(size)
 			if err != nil {
 				return
 			}
-			if head[0]&0xC0 == 0x40 {
-				onEcho(frame[4 : 4+length])
+			if frame[0]&0xC0 == 0x40 { // head may have moved with the Peek
+				onEcho(frame[4 : 4+int(binary.BigEndian.Uint16(frame[2:4]))])
 			}
 			if _, err := r.Discard(size); err != nil {
 				return

@@ -162,14 +162,8 @@ func (c *STUNClient) ReadFrame(deadline time.Time) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	length := int(binary.BigEndian.Uint16(head[2:4]))
-	var size int
-	switch head[0] & 0xC0 {
-	case 0x00:
-		size = 20 + length
-	case 0x40:
-		size = (4 + length + 3) &^ 3
-	default:
+	size, ok := StreamFrameSize(head)
+	if !ok {
 		return nil, errors.New("turntest: stream carries neither STUN nor ChannelData")
 	}
 	frame := make([]byte, size)
@@ -177,6 +171,21 @@ func (c *STUNClient) ReadFrame(deadline time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return frame, nil
+}
+
+// StreamFrameSize is the size of the frame a TURN stream (TCP or TLS)
+// carries next, from its first 4 bytes: a STUN message (20-byte header
+// plus its length) or ChannelData (4-byte header plus its length, padded
+// to 4, RFC 8656 §12.5); ok is false for neither.
+func StreamFrameSize(head []byte) (size int, ok bool) {
+	length := int(binary.BigEndian.Uint16(head[2:4]))
+	switch head[0] & 0xC0 {
+	case 0x00:
+		return 20 + length, true
+	case 0x40:
+		return (4 + length + 3) &^ 3, true
+	}
+	return 0, false
 }
 
 // ChannelData frames payload for channel ch, padded on a stream.

@@ -33,6 +33,7 @@ func main() {
 	flag.IntVar(&o.SocketBuffer, "socket-buffer", 0, "our server's socket buffer in bytes (0: its default)")
 	flag.IntVar(&o.ProfileSeconds, "profile", 5, "seconds of CPU profile of our server (0: none)")
 	flag.BoolVar(&o.BaselineNoGRO, "vs-nogro", false, "compare ours against ours with UDP_GRO off (turnserve -no-gro) instead of coturn; with -gso, what coalesced reads are worth")
+	flag.StringVar(&o.BaselineTurnserve, "vs-turnserve", "", "compare ours against this other turnserve binary (say, a build from before a change) instead of coturn")
 	flag.StringVar(&o.Turnserve, "turnserve", "", "our server's binary (bench/turnbench/cmd/turnserve); empty: built from this checkout")
 	flag.Parse()
 	for _, p := range strings.Split(*payloads, ",") {
