@@ -48,16 +48,17 @@ func pebbleBinary(t *testing.T) (bin, module string) {
 	t.Helper()
 	b := &pebbleBuild
 	b.once.Do(func() {
-		out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/letsencrypt/pebble/v2").Output()
-		if err != nil {
-			b.err = fmt.Errorf("go list pebble: %w", err)
-			return
-		}
-		b.module = strings.TrimSpace(string(out))
 		b.bin = filepath.Join(filepath.Dir(binaryPath), "pebble")
 		build := exec.Command("go", "build", "-o", b.bin, "github.com/letsencrypt/pebble/v2/cmd/pebble")
 		if out, err := build.CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("go build pebble: %v\n%s", err, out)
+			return
+		}
+		// After the build: `go list -m` names no directory for a module
+		// not yet in the module cache, and the build fetches it.
+		out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/letsencrypt/pebble/v2").Output()
+		if b.module = strings.TrimSpace(string(out)); err != nil || b.module == "" {
+			b.err = fmt.Errorf("go list pebble: %q, %v", b.module, err)
 		}
 	})
 	if b.err != nil {
