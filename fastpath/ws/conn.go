@@ -132,6 +132,11 @@ type Conn struct {
 	park      park.Reg
 	silenceBy atomic.Int64 // unix ns: when a silent socket is closed (SilenceTimeout)
 
+	// The Group the socket is in, and its neighbours in the Group's list;
+	// under that Group's mu.
+	group                *Group
+	groupPrev, groupNext *Conn
+
 	// Write side. pending collects framed bytes; the writer swaps it with
 	// writing and flushes writing in one system call, so a burst of small
 	// frames costs one write.
