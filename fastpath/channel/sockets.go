@@ -77,9 +77,15 @@ type controlReader struct {
 	host string
 	hc   route.ChannelHost
 	conn *ws.Conn
-	// scratch is the parser's, grown on the first data frame: an idle
-	// control socket keeps none. msg's id goes to the router by pointer,
-	// through an interface: a field, so once per socket, not per frame.
+	// p is the parser's state, made at the first frame: a control socket
+	// that has sent none (most of them, most of the time) keeps none.
+	p *controlParse
+}
+
+// controlParse is a control socket's parser state. msg's id goes to the
+// router by pointer, through an interface: a field, so once per socket,
+// not per frame. scratch is grown on the first data frame with escapes.
+type controlParse struct {
 	scratch []byte
 	msg     control.Message
 }
@@ -100,8 +106,12 @@ func (r *controlReader) frame(op int, frame []byte) bool {
 		r.conn.Close(ws.ClosePolicyViolation, "binary control frame")
 		return false
 	}
+	if r.p == nil {
+		r.p = new(controlParse)
+	}
+	p := r.p
 	var err error
-	r.msg, r.scratch, err = control.Parse(frame, r.scratch)
+	p.msg, p.scratch, err = control.Parse(frame, p.scratch)
 	if err != nil {
 		h.m.malformed.Inc()
 		h.log.Info("malformed control frame", "host", r.host, "err", err)
@@ -110,14 +120,14 @@ func (r *controlReader) frame(op int, frame []byte) bool {
 	}
 	// An id that is gone (the phone just left) or another computer's
 	// reaches nobody.
-	if r.msg.Type == control.TypeClose {
-		r.hc.ClosePhone(&r.msg.ID)
-	} else if r.hc.ToPhone(&r.msg.ID, r.msg.Data) {
+	if p.msg.Type == control.TypeClose {
+		r.hc.ClosePhone(&p.msg.ID)
+	} else if r.hc.ToPhone(&p.msg.ID, p.msg.Data) {
 		h.m.toPhone.Inc()
 	}
 	// Frames above the pooled size should not pin memory.
-	if cap(r.scratch) > 4*MaxFrame {
-		r.scratch = nil
+	if cap(p.scratch) > 4*MaxFrame {
+		p.scratch = nil
 	}
 	return true
 }
