@@ -285,7 +285,7 @@ func table() []Setting {
 	add(GroupLimits, EnvMaxHeaderBytes, KindInt, "8192",
 		"Largest request header block in bytes; a larger request is refused.")
 	add(GroupLimits, EnvWSPark, KindBool, "true",
-		"Park idle WebSockets (mailbox watch and signal, control sockets, phone channels) off their goroutines in an epoll set until they have something to read, and accepted connections until their first byte (Linux; elsewhere ignored): an idle socket then costs a few KiB instead of goroutine stacks and buffers (docs/parking.md). false: a goroutine per socket.")
+		"Park idle WebSockets (mailbox watch and signal, control sockets, phone channels) off their goroutines in an epoll set until they have something to read, accepted connections until their first byte, and keep-alive connections (plain or TLS) idle for a second between requests until the next one (Linux; elsewhere ignored): an idle socket then costs a few KiB instead of goroutine stacks and buffers (docs/parking.md). false: a goroutine per socket.")
 
 	add(GroupCluster, EnvNodeName, KindString, "",
 		"This node's name, unique in the cluster and the same across its restarts (JetStream places replicas by it); empty: the host name.")
