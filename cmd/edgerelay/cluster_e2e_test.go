@@ -74,7 +74,31 @@ func startRelayCluster(t *testing.T, n int, services []string, env ...string) *r
 			t.Logf("node%d's log:\n%s", i, tailLines(s.stderr.String(), 40))
 		}
 	})
+	c.awaitPeersHeard()
 	return c
+}
+
+// awaitPeersHeard waits until every running node hears every other one's
+// beats. A node judges only the peers it has heard: one killed or stalled
+// before that (the servers' routes form a moment after the nodes serve,
+// later on a busy machine) is judged only when the start's grace ends
+// (10 s), which a test of the judgement (within 2 s) must not meet.
+func (c *relayCluster) awaitPeersHeard() {
+	c.t.Helper()
+	others := float64(len(c.nodes) - 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for i, s := range c.nodes {
+		for {
+			n := hostileMetric(c.t, s, "edgerelay_cluster_peers")
+			if n == others {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("node%d hears %v other nodes after 30 s, want %v", i, n, others)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }
 
 // tailLines is the last n lines of s.

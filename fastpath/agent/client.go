@@ -223,10 +223,12 @@ func (h *Handler) serveClient(a *attachment) {
 // detach removes a from its instance and tells the runtime with
 // acp.detach, once: when the client leaves, or as soon as its queue
 // overflows (its socket may take a while longer to close). buf is scratch
-// owned by the calling goroutine.
-func (h *Handler) detach(a *attachment, buf []byte) {
+// owned by the calling goroutine. It reports whether this call detached
+// a: of several paths that close one client at once (its own queue, the
+// instance's budget, a remote link's), only that one counts the close.
+func (h *Handler) detach(a *attachment, buf []byte) bool {
 	if !a.detached.CompareAndSwap(false, true) {
-		return
+		return false
 	}
 	in := a.in
 	in.mu.Lock()
@@ -240,10 +242,11 @@ func (h *Handler) detach(a *attachment, buf []byte) {
 	if l != nil {
 		l.send(appendDetach(buf, in.id, a.id))
 		a.slot.Leave(nil)
-		return
+		return true
 	}
 	// The link is elsewhere, or nowhere: the route tells it, if anywhere.
 	a.slot.Leave(appendDetach(buf, in.id, a.id))
+	return true
 }
 
 // readClient reads the client's messages until it leaves or is closed.

@@ -153,6 +153,12 @@ type instance struct {
 	// it, and only makeRoom, which asks the queues, brings it down, so
 	// that the routing path checks InstanceQueue with two atomic adds.
 	queued atomic.Int64
+	// making serializes makeRoom: the lines of a link on another node
+	// arrive on one goroutine per client (a NATS subscription each), and
+	// two overflows judged at once would both pick the same slowest client
+	// (counted twice), or the next one on a total that the first close
+	// was about to bring down.
+	making sync.Mutex
 }
 
 // New returns a Handler.

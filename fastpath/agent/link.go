@@ -287,6 +287,10 @@ func (h *Handler) install(l *link, welcome []byte) bool {
 		h.m.handshakes.WithLabelValues("superseded").Inc()
 		return false
 	}
+	// The welcome waits in the queue until the route holds the link (see
+	// below), and so does any line the route hands the link meanwhile.
+	l.q.Hold()
+	defer l.q.Release()
 	if err := l.q.TryPut(welcome, true); err != nil {
 		in.mu.Unlock()
 		return false
@@ -295,26 +299,34 @@ func (h *Handler) install(l *link, welcome []byte) bool {
 	in.link = l
 	in.cur.Store(l)
 	in.mu.Unlock()
-	h.m.handshakes.WithLabelValues("welcome").Inc()
 	if old != nil {
 		old.close(endReplaced)
 	}
 	// The route learns of the link once its welcome is queued, so that
-	// no client's line from another node can overtake the welcome.
+	// no client's line from another node can overtake the welcome; the
+	// runtime hears the welcome only once the route holds the link, so
+	// that a client attaching through another node after the welcome
+	// finds the instance online there (its node reads the route's lease:
+	// a welcome written first let such a client's first request be
+	// answered unknown_instance).
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.HelloTimeout)
 	hold, err := h.cfg.Route.Link(ctx, in.name, remoteLink{l})
 	cancel()
 	if err != nil {
+		// Like a store that does not answer above: no welcome (it is
+		// dropped with the queue), the runtime redials.
 		h.log.Error("instance link: route unavailable", "instance", in.name, "err", err)
+		h.m.handshakes.WithLabelValues("store_unavailable").Inc()
 		in.mu.Lock()
 		if in.link == l {
 			in.link = nil
 			in.cur.Store(nil)
 		}
 		in.mu.Unlock()
-		l.close(endError)
+		l.abort(endError)
 		return false
 	}
+	h.m.handshakes.WithLabelValues("welcome").Inc()
 	l.hold = hold
 	return true
 }
@@ -428,9 +440,8 @@ func (h *Handler) queueFor(a *attachment, line, scratch []byte) {
 	// the instance and every other client keep flowing.
 	if err := a.conn.WriteText(line); err != nil {
 		h.m.dropClientOverflow.Inc()
-		if errors.Is(err, ws.ErrQueueFull) {
+		if errors.Is(err, ws.ErrQueueFull) && h.detach(a, scratch) {
 			h.m.slowClientQueue.Inc()
-			h.detach(a, scratch)
 		}
 		return
 	}
@@ -450,6 +461,8 @@ func (h *Handler) queueFor(a *attachment, line, scratch []byte) {
 func (h *Handler) makeRoom(scratch []byte, a *attachment, n int64) bool {
 	in := a.in
 	budget := int64(h.cfg.InstanceQueue)
+	in.making.Lock()
+	defer in.making.Unlock()
 	// Each round detaches one attachment; the bound only guards against a
 	// detach that another goroutine has begun and not yet published.
 	for range h.cfg.MaxAttachments + 1 {
@@ -461,6 +474,9 @@ func (h *Handler) makeRoom(scratch []byte, a *attachment, n int64) bool {
 		var slowest *attachment
 		most := int64(-1)
 		for _, b := range *routes {
+			if b.detached.Load() {
+				continue // closed on another path, leaving the routes
+			}
 			q := int64(b.conn.Queued())
 			b.charged.Store(q)
 			total += q
@@ -472,10 +488,11 @@ func (h *Handler) makeRoom(scratch []byte, a *attachment, n int64) bool {
 		if total+n <= budget || slowest == nil {
 			return true
 		}
-		h.m.slowClientInstance.Inc()
-		h.log.Info("client closed: the instance's clients hold too much unsent", "instance", in.name, "queued", total)
 		slowest.conn.CloseOverflow()
-		h.detach(slowest, scratch)
+		if h.detach(slowest, scratch) {
+			h.m.slowClientInstance.Inc()
+			h.log.Info("client closed: the instance's clients hold too much unsent", "instance", in.name, "queued", total)
+		}
 		if slowest == a {
 			return false
 		}

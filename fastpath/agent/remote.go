@@ -108,9 +108,10 @@ func (r remoteClient) Overflowed() {
 	if !a.live.Load() || a.detached.Load() {
 		return
 	}
-	r.h.m.slowClientLink.Inc()
 	a.conn.CloseOverflow()
-	r.h.detach(a, nil)
+	if r.h.detach(a, nil) {
+		r.h.m.slowClientLink.Inc()
+	}
 }
 
 // remoteClient is an attachment as the route sees it.

@@ -3,9 +3,12 @@ package agent_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,5 +191,151 @@ func TestRemoteOfferAllocatesNothing(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(2000, offer); n > 0 {
 		t.Fatalf("Offer: %.2f allocations per line", n)
+	}
+}
+
+// clientCatcher is the single node's route, but it hands the test each
+// client the handler attaches, as the route sees it, and counts the
+// attachments that left.
+type clientCatcher struct {
+	route.AgentLocal
+	clients chan route.AgentClient
+	left    atomic.Int32
+}
+
+func (c *clientCatcher) Attach(_ context.Context, _, _ string, _ int, cl route.AgentClient) (route.AgentAttachment, error) {
+	c.clients <- cl
+	return leaving{c}, nil
+}
+
+type leaving struct{ c *clientCatcher }
+
+func (leaving) ToInstance([]byte) bool { return false }
+func (l leaving) Leave([]byte)        { l.c.left.Add(1) }
+
+// TestRemoteDeliveriesCloseEachClientOnce: lines of a link on another
+// node reach this node's clients on one goroutine per client (a NATS
+// subscription each). When they reach the instance's budget together,
+// each client closed for it is closed and counted once: the closes counted
+// are the attachments that left (with overflows judged side by side, two
+// goroutines picked the same slowest client and counted it twice; seen in
+// the cluster test as "2 clients closed for the instance's bound").
+func TestRemoteDeliveriesCloseEachClientOnce(t *testing.T) {
+	const clients = 8
+	c := &clientCatcher{clients: make(chan route.AgentClient, clients)}
+	r := startRelay(t, relayOpts{route: c, clientQueue: 256 << 10, instanceQueue: 1, heartbeatEvery: time.Hour})
+	ctok := r.account("acme")
+	p := r.pair("acme", "host-1")
+	var remote []route.AgentClient
+	for range clients {
+		r.attach(p.id, ctok) // reads nothing
+		select {
+		case cl := <-c.clients:
+			remote = append(remote, cl)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the attachment was not given to the route")
+		}
+	}
+	line := []byte(`{"type":"acp.message","instance":"` + p.id + `","session":"s","pad":"` + strings.Repeat("p", 64<<10) + `"}`)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, cl := range remote {
+		wg.Go(func() {
+			<-start
+			for range 400 { // 25 MiB each: far past the budget and the socket buffers
+				cl.Deliver(line)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	closed := r.counter("edgerelay_agent_slow_clients_closed_total", "instance") + r.counter("edgerelay_agent_slow_clients_closed_total", "client")
+	if left := c.left.Load(); closed != float64(left) || left == 0 {
+		t.Fatalf("%v slow clients counted closed, %d attachments left", closed, left)
+	}
+}
+
+// slowHold is the single node's route, but Link returns only once the
+// test says so, as a cluster's does after its lease write; it offers a
+// line from "another node" to the link before returning.
+type slowHold struct {
+	route.AgentLocal
+	linking chan route.AgentLink
+	release chan struct{}
+	line    []byte
+}
+
+func (s *slowHold) Link(ctx context.Context, inst string, l route.AgentLink) (route.AgentLinkHold, error) {
+	s.linking <- l
+	<-s.release
+	l.Offer(s.line)
+	return s.AgentLocal.Link(ctx, inst, l)
+}
+
+// TestWelcomeAfterTheRouteHoldsTheLink: the runtime hears its welcome only
+// once the route holds the link (a client attaching through another node
+// after the welcome then finds the instance online there; with the welcome
+// written first, such a client's first request was answered
+// unknown_instance), and a line the route hands the link meanwhile comes
+// after the welcome.
+func TestWelcomeAfterTheRouteHoldsTheLink(t *testing.T) {
+	s := &slowHold{linking: make(chan route.AgentLink, 1), release: make(chan struct{})}
+	r := startRelay(t, relayOpts{route: s, heartbeatEvery: time.Hour})
+	r.account("acme")
+	p := r.pair("acme", "host-1")
+	s.line = []byte(`{"type":"acp.message","instance":"` + p.id + `","session":"att-000000000000000000000001","id":"from-afar"}`)
+	conn, br := r.rawLink(p.token)
+	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.linking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the link was not given to the route")
+	}
+	// The route is still taking the link: the runtime must hear nothing
+	// yet (the welcome came at once, before the route held the link).
+	_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if got, err := br.ReadString('\n'); err == nil {
+		t.Fatalf("the runtime got %.120q before the route held the link", got)
+	}
+	close(s.release)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for _, want := range []string{`{"type":"relay.welcome"`, `{"type":"acp.message"`} {
+		got, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(got, want) {
+			t.Fatalf("got %.120q %v, want %s", got, err, want)
+		}
+	}
+}
+
+// failingLink is a route whose store does not answer when a link is taken.
+type failingLink struct{ route.AgentLocal }
+
+func (failingLink) Link(context.Context, string, route.AgentLink) (route.AgentLinkHold, error) {
+	return nil, errors.New("store: storage unavailable")
+}
+
+// TestNoWelcomeWhenTheRouteFails: a link the route cannot take ends with
+// no welcome, as when the store does not answer the instance lookup, so
+// the runtime redials (a welcome and then a close read as a link that
+// worked and died at once).
+func TestNoWelcomeWhenTheRouteFails(t *testing.T) {
+	r := startRelay(t, relayOpts{route: failingLink{}, heartbeatEvery: time.Hour})
+	r.account("acme")
+	p := r.pair("acme", "host-1")
+	conn, br := r.rawLink(p.token)
+	if _, err := conn.Write([]byte(rawHello(p.id))); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := br.ReadString('\n'); err != io.EOF {
+		t.Fatalf("got %.120q %v, want the connection's end", got, err)
+	}
+	if n := r.counter("edgerelay_agent_handshakes_total", "store_unavailable"); n != 1 {
+		t.Fatalf("%v handshakes counted store_unavailable", n)
+	}
+	if n := r.counter("edgerelay_agent_handshakes_total", "welcome"); n != 0 {
+		t.Fatalf("%v handshakes counted welcome", n)
 	}
 }

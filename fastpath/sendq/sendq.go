@@ -87,6 +87,7 @@ type Queue struct {
 	inFlight int // bytes being written by the writer
 	closing  bool
 	aborted  bool
+	held     bool // Hold: the writer leaves pending alone until Release
 	err      error // the write error that ended the queue
 	// room is closed (and forgotten) after every write and when the queue
 	// ends, waking every Put waiting for room; it is made by the first
@@ -191,6 +192,25 @@ func (q *Queue) Close() {
 	q.signal()
 }
 
+// Hold keeps the writer from writing what is queued from now on until
+// Release: bytes queued meanwhile wait, in order, within the same bounds.
+// For a first frame that must not reach the peer before something else
+// has happened, while frames queued behind it keep their place. Close and
+// Abort end a hold.
+func (q *Queue) Hold() {
+	q.mu.Lock()
+	q.held = true
+	q.mu.Unlock()
+}
+
+// Release ends a Hold: the writer writes what waited.
+func (q *Queue) Release() {
+	q.mu.Lock()
+	q.held = false
+	q.mu.Unlock()
+	q.signal()
+}
+
 // Abort stops accepting bytes and drops what is queued; the writer returns
 // after the write in progress, if any (bound it with a deadline on the
 // connection).
@@ -244,6 +264,10 @@ func (q *Queue) writeLoop() {
 			if q.aborted {
 				q.mu.Unlock()
 				return
+			}
+			if q.held && !q.closing {
+				q.mu.Unlock()
+				break // Release wakes the writer
 			}
 			writing, q.pending = q.pending, writing[:0]
 			q.inFlight = len(writing)

@@ -219,3 +219,43 @@ func TestPutAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per message", allocs)
 	}
 }
+
+// TestHoldKeepsOrderUntilRelease: what is queued during a hold is written
+// only after Release, in the order queued; Close ends a hold and flushes.
+func TestHoldKeepsOrderUntilRelease(t *testing.T) {
+	q, r := pipe(t, sendq.Options{})
+	q.Hold()
+	if err := q.TryPut([]byte("first"), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Put([]byte("second"), true, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing may arrive while the queue is held: a short read must time
+	// out (a writer that ignored the hold wrote at once).
+	_ = r.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("read %d bytes during a hold (%v)", n, err)
+	}
+	if got := q.Queued(); got != len("first\nsecond\n") {
+		t.Fatalf("queued %d during a hold", got)
+	}
+	q.Release()
+	if got := readN(t, r, len("first\nsecond\n")); string(got) != "first\nsecond\n" {
+		t.Fatalf("after Release: %q", got)
+	}
+
+	q.Hold()
+	if err := q.TryPut([]byte("third"), true); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	if got := readN(t, r, len("third\n")); string(got) != "third\n" {
+		t.Fatalf("after Close: %q", got)
+	}
+	select {
+	case <-q.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a held queue did not end on Close")
+	}
+}

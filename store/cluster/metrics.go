@@ -12,8 +12,11 @@ import (
 //   - edgerelay_cluster_nats_connected: 1 while the NATS connection is up;
 //   - edgerelay_cluster_store_available: 1 while the shared store takes
 //     writes (JetStream answers), 0 while writes answer 503;
-//   - edgerelay_cluster_peers: the other nodes this node takes for
-//     running (beats heard within the silence limit, or seeded at start);
+//   - edgerelay_cluster_peers: the other nodes this node hears (beats
+//     within the silence limit). A node found in er_nodes at start is
+//     taken for running before its first beat (PeerAlive) but counted
+//     only once heard: until then this node has no route to it, and could
+//     judge it gone only when the start's grace ends;
 //   - edgerelay_cluster_peers_gone_total: peers judged gone (silent,
 //     restarted or left), each (node, incarnation) once;
 //   - edgerelay_cluster_fenced_total: times this node fenced itself (the
@@ -47,7 +50,7 @@ func (c *Cluster) RegisterMetrics(reg prometheus.Registerer) error {
 		}, func() float64 { return bool01(c.Unavailable() == nil) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgerelay_cluster_peers",
-			Help: "Other nodes this node takes for running (a beat heard within the silence limit, or seeded from er_nodes at start).",
+			Help: "Other nodes this node hears (a beat within the silence limit); a node found in er_nodes at start counts once heard.",
 		}, c.livePeers),
 		gone, fenced,
 	}
@@ -61,7 +64,7 @@ func (c *Cluster) RegisterMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// livePeers is the number of other nodes taken for running.
+// livePeers is the number of other nodes heard from.
 func (c *Cluster) livePeers() float64 {
 	p := c.peers
 	if p == nil {
@@ -69,5 +72,5 @@ func (c *Cluster) livePeers() float64 {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return float64(len(p.seen))
+	return float64(len(p.seen) - len(p.seeded))
 }

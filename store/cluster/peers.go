@@ -69,6 +69,7 @@ type peer struct{ node, incarnation string }
 type peers struct {
 	mu      sync.Mutex
 	seen    map[peer]time.Time // last beat of each live peer
+	seeded  map[peer]struct{}  // peers in seen from er_nodes at start, no beat heard yet
 	current map[string]string  // node -> its latest incarnation
 	dead    map[string]string  // node -> its latest incarnation, once it said goodbye
 	ownSeen time.Time          // our own last beat heard back
@@ -84,7 +85,7 @@ type peers struct {
 
 func newPeers(started time.Time, tell func(subject string, data []byte) error) *peers {
 	return &peers{
-		seen: make(map[peer]time.Time), current: make(map[string]string), dead: make(map[string]string),
+		seen: make(map[peer]time.Time), seeded: make(map[peer]struct{}), current: make(map[string]string), dead: make(map[string]string),
 		judged: make(map[peer]time.Time), back: make(map[peer]time.Time), started: started, tell: tell,
 	}
 }
@@ -162,18 +163,21 @@ func (c *Cluster) heard(bye bool, data string) {
 		// It said goodbye: a late beat does not bring it back.
 	case bye:
 		delete(p.seen, me)
+		delete(p.seeded, me)
 		delete(p.judged, me)
 		p.current[node], p.dead[node] = inc, inc
 		goneNow = append(goneNow, me) // also when never heard: someone may hold its state
 	default:
 		if known && prev != inc && p.dead[node] != prev {
 			delete(p.seen, peer{node, prev}) // it restarted
+			delete(p.seeded, peer{node, prev})
 			delete(p.judged, peer{node, prev})
 			goneNow = append(goneNow, peer{node, prev})
 		}
 		p.current[node] = inc
 		delete(p.dead, node)
 		p.seen[me] = now
+		delete(p.seeded, me)
 	}
 	if wasJudged && !bye {
 		delete(p.judged, me)
@@ -275,6 +279,7 @@ func (p *peers) seed(node, inc string) {
 	if _, known := p.current[node]; !known {
 		p.current[node] = inc
 		p.seen[peer{node, inc}] = p.started.Add(livenessTTL - peerSilence) // judged gone at started + livenessTTL
+		p.seeded[peer{node, inc}] = struct{}{}
 	}
 }
 
@@ -293,6 +298,7 @@ func (c *Cluster) judge(now time.Time) {
 				// detached) stands; it is not told (see the package's
 				// notes for the next step: fencing itself).
 				delete(p.seen, k)
+				delete(p.seeded, k)
 				p.judged[k] = now
 				goneNow = append(goneNow, k)
 			}

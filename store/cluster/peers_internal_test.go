@@ -202,6 +202,16 @@ func TestPeersSeededNodeGoesAtGrace(t *testing.T) {
 	if !c.PeerAlive("b", "b1") {
 		t.Fatal("a seeded node is not alive at start")
 	}
+	// The peers metric counts the node heard, not the one only seeded
+	// (an operator, and a test, read it as "this node hears them").
+	if n := c.livePeers(); n != 1 {
+		t.Fatalf("%v peers counted with one heard and one seeded", n)
+	}
+	c.heard(false, "b b1")
+	if n := c.livePeers(); n != 2 {
+		t.Fatalf("%v peers counted once the seeded one beat", n)
+	}
+	c.peers.seen[peer{"b", "b1"}] = start.Add(livenessTTL - peerSilence) // b's beat is as old as its seed
 	c.peers.seen[peer{"c", "c1"}] = start.Add(livenessTTL) // c beats on
 	c.judge(start.Add(livenessTTL - time.Millisecond))
 	if len(gone) != 0 {
