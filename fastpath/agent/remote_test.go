@@ -211,7 +211,7 @@ func (c *clientCatcher) Attach(_ context.Context, _, _ string, _ int, cl route.A
 type leaving struct{ c *clientCatcher }
 
 func (leaving) ToInstance([]byte) bool { return false }
-func (l leaving) Leave([]byte)        { l.c.left.Add(1) }
+func (l leaving) Leave([]byte)         { l.c.left.Add(1) }
 
 // TestRemoteDeliveriesCloseEachClientOnce: lines of a link on another
 // node reach this node's clients on one goroutine per client (a NATS

@@ -87,7 +87,7 @@ type Queue struct {
 	inFlight int // bytes being written by the writer
 	closing  bool
 	aborted  bool
-	held     bool // Hold: the writer leaves pending alone until Release
+	held     bool  // Hold: the writer leaves pending alone until Release
 	err      error // the write error that ended the queue
 	// room is closed (and forgotten) after every write and when the queue
 	// ends, waking every Put waiting for room; it is made by the first

@@ -212,7 +212,7 @@ func TestPeersSeededNodeGoesAtGrace(t *testing.T) {
 		t.Fatalf("%v peers counted once the seeded one beat", n)
 	}
 	c.peers.seen[peer{"b", "b1"}] = start.Add(livenessTTL - peerSilence) // b's beat is as old as its seed
-	c.peers.seen[peer{"c", "c1"}] = start.Add(livenessTTL) // c beats on
+	c.peers.seen[peer{"c", "c1"}] = start.Add(livenessTTL)               // c beats on
 	c.judge(start.Add(livenessTTL - time.Millisecond))
 	if len(gone) != 0 {
 		t.Fatalf("gone %v before the grace ended", gone)
