@@ -12,11 +12,20 @@ import (
 // only noted (by sequence) and sent after the replay, so that the reader
 // sees every envelope above After exactly once.
 type watcher struct {
+	m   *mailbox
+	dir byte
+	// ctx is Watch's own, for live deliveries (which never wait); the
+	// replay runs under a cancelable child of it that is let go when the
+	// replay ends, so an idle watch keeps no context of its own.
 	ctx context.Context
 	cfg store.WatchConfig
 	// endMu orders End against stop: once done, End is never called.
 	endMu sync.Mutex
 	done  bool
+	// stopReplay cancels a replay still running (nil once it ended);
+	// stopped makes stop run once.
+	stopReplay context.CancelFunc
+	stopped    bool
 
 	mu        sync.Mutex
 	replaying bool
@@ -36,13 +45,6 @@ func (w *watcher) end(err error) {
 		w.done = true
 		w.cfg.End(err)
 	}
-}
-
-// finish marks the watch stopped: End is not called after it.
-func (w *watcher) finish() {
-	w.endMu.Lock()
-	w.done = true
-	w.endMu.Unlock()
 }
 
 // deliver sends a newly stored envelope (mailbox mu held).
@@ -67,8 +69,8 @@ func (w *watcher) deliver(seq uint64, env []byte) {
 // meanwhile; after that each new one is delivered by the write that
 // stored it, so a waiting watch holds no goroutine.
 func (m *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (func(), error) {
-	ctx, cancel := context.WithCancel(ctx)
-	w := &watcher{ctx: ctx, cfg: cfg, replaying: true}
+	replayCtx, cancel := context.WithCancel(ctx)
+	w := &watcher{m: m, dir: dir, ctx: ctx, cfg: cfg, replaying: true, stopReplay: cancel}
 	m.mu.Lock()
 	if !m.exists {
 		m.mu.Unlock()
@@ -85,19 +87,36 @@ func (m *mailbox) Watch(ctx context.Context, dir byte, cfg store.WatchConfig) (f
 	m.refs.Add(1) // the watch holds the mailbox in memory until stopped
 	m.mu.Unlock()
 	go func() {
-		if err := m.replay(ctx, dir, w); err != nil && ctx.Err() == nil {
+		err := m.replay(replayCtx, dir, w)
+		if err != nil && replayCtx.Err() == nil {
 			w.end(err)
 		}
+		w.endMu.Lock()
+		w.stopReplay = nil
+		w.endMu.Unlock()
+		cancel()
 	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			w.finish()
-			cancel()
-			m.removeWatcher(dir, w)
-			m.Release()
-		})
-	}, nil
+	return w.stop, nil
+}
+
+// stop ends the watch (the function Watch returns): End is not called
+// after it, a replay still running is cancelled, and the mailbox is let
+// go. Only the first call does anything.
+func (w *watcher) stop() {
+	w.endMu.Lock()
+	if w.stopped {
+		w.endMu.Unlock()
+		return
+	}
+	w.stopped, w.done = true, true
+	cancel := w.stopReplay
+	w.stopReplay = nil
+	w.endMu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	w.m.removeWatcher(w.dir, w)
+	w.m.Release()
 }
 
 func (m *mailbox) removeWatcher(dir byte, w *watcher) {
