@@ -52,10 +52,10 @@ type localComputer struct {
 	readyOnce sync.Once
 
 	mu       sync.Mutex
-	ctl      ChannelSink // nil until attached
-	phones   map[control.ID]*LocalChannelPhone
-	reserved int  // phones admitted but not yet attached
-	gone     bool // the control socket has ended
+	ctl      ChannelSink                       // nil until attached
+	phones   map[control.ID]*LocalChannelPhone // made at the first phone: most computers idle without one
+	reserved int                               // phones admitted but not yet attached
+	gone     bool                              // the control socket has ended
 }
 
 // LocalChannelPhone is one phone channel of a computer hosted here; its
@@ -79,7 +79,7 @@ func (c *localComputer) markReady() { c.readyOnce.Do(func() { close(c.ready) }) 
 
 // Host implements Channel.
 func (l *LocalChannel) Host(_ context.Context, key store.Hash) (ChannelHost, error) {
-	comp := &localComputer{l: l, key: key, phones: make(map[control.ID]*LocalChannelPhone), ready: make(chan struct{})}
+	comp := &localComputer{l: l, key: key, ready: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.computers[key] != nil {
@@ -257,6 +257,9 @@ func (p *LocalChannelPhone) Attach(ctx context.Context, conn ChannelSink) bool {
 		return false
 	}
 	p.ended, p.attached, p.conn, p.ctl = false, true, conn, ctl
+	if comp.phones == nil {
+		comp.phones = make(map[control.ID]*LocalChannelPhone)
+	}
 	comp.phones[p.id] = p
 	p.mu.Unlock()
 	comp.mu.Unlock()
