@@ -300,7 +300,9 @@ func TestBadRecords(t *testing.T) {
 	}{
 		{"unprotected handshake", func(*peer) []byte { return []byte{typeHandshake, 3, 3, 0, 1, 0} }, "unprotected record of type 22", "unexpected message"},
 		{"change cipher spec", func(*peer) []byte { return []byte{20, 3, 3, 0, 1, 1} }, "unprotected record of type 20", "unexpected message"},
-		{"too long", func(*peer) []byte { return []byte{typeAppData, 3, 3, byte((maxCiphertext + 1) >> 8), byte((maxCiphertext + 1) & 0xff)} }, "record of 16641 bytes", "record overflow"},
+		{"too long", func(*peer) []byte {
+			return []byte{typeAppData, 3, 3, byte((maxCiphertext + 1) >> 8), byte((maxCiphertext + 1) & 0xff)}
+		}, "record of 16641 bytes", "record overflow"},
 		{"forged", func(*peer) []byte { return append([]byte{typeAppData, 3, 3, 0, 40}, make([]byte, 40)...) }, "bad record MAC", "bad record MAC"},
 		{"shorter than a tag", func(*peer) []byte { return []byte{typeAppData, 3, 3, 0, 3, 1, 2, 3} }, "bad record MAC", "bad record MAC"},
 		{"no content type", func(p *peer) []byte { return p.record(nil, 0, 0, 0) }, "without a content type", "unexpected message"},
