@@ -62,3 +62,7 @@ func (t *tlsConn) Close() error {
 	}
 	return t.Conn.Close()
 }
+
+// TLSConn is the connection's *tls.Conn, for a record layer that takes it
+// over once it is a parked WebSocket's (tlsrec.Wrap).
+func (t *tlsConn) TLSConn() *tls.Conn { return t.Conn }

@@ -151,10 +151,15 @@ func (c *Conn) Idle() {
 }
 
 // takeOver captures the connection's record state from crypto/tls and
-// drops crypto/tls; false when it cannot now (input is buffered there,
-// the connection is closing) or ever (then never is set).
+// drops crypto/tls; false when it cannot now (input is buffered there, a
+// write is under way, the connection is closing) or ever (then never is
+// set).
 func (c *Conn) takeOver() bool {
-	c.wmu.Lock() // no write may seal a record meanwhile
+	// No write may seal a record meanwhile; a write under way (a slow
+	// peer's) leaves it to a later Idle rather than hold the reader.
+	if !c.wmu.TryLock() {
+		return false
+	}
 	defer c.wmu.Unlock()
 	if c.closed.Load() {
 		return false

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"edgerelay/fastpath/park"
+	"edgerelay/fastpath/tlsrec"
 )
 
 // Options bound one connection. Zero values take the defaults noted.
@@ -192,6 +193,13 @@ type Conn struct {
 
 func newConn(nc net.Conn, opts Options) *Conn {
 	opts.setDefaults()
+	// A TLS socket that may park sheds crypto/tls's buffers and keys
+	// while parked: the record layer becomes tlsrec's at the first park.
+	if opts.Parker != nil {
+		if rc := tlsrec.Wrap(nc); rc != nil {
+			nc = rc
+		}
+	}
 	c := &Conn{
 		nc:     nc,
 		opts:   opts,

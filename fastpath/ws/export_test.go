@@ -1,5 +1,13 @@
 package ws
 
+import "edgerelay/fastpath/tlsrec"
+
 // Taken reports whether c's writer has taken everything queued (for the
 // external tests that need a write in flight before they queue more).
 func Taken(c *Conn) bool { return c.taken() }
+
+// TLSTakenOver reports whether c's TLS records are tlsrec's now.
+func TLSTakenOver(c *Conn) bool {
+	rc, ok := c.nc.(*tlsrec.Conn)
+	return ok && rc.TakenOver()
+}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"edgerelay/fastpath/park"
+	"edgerelay/fastpath/tlsrec"
 )
 
 // Parking idle sockets. Most sockets of a relay are idle: a device's watch,
@@ -147,6 +148,9 @@ const maxParkedMessage = 256
 func (c *Conn) parkNow() bool {
 	c.opts.Parker.PutReader(c.br)
 	c.br = nil
+	if rc, ok := c.nc.(*tlsrec.Conn); ok {
+		rc.Idle() // its record buffer and keys go too
+	}
 	if cap(c.msg) > maxParkedMessage {
 		c.msg = nil
 	}

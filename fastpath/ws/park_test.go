@@ -27,6 +27,7 @@ type parked struct {
 	*testServer
 	p    *ws.Parker
 	ends chan error // each socket's onEnd, in order
+	last atomic.Pointer[ws.Conn]
 }
 
 func startParked(t *testing.T, opts ws.Options, tlsOn bool) *parked {
@@ -41,6 +42,7 @@ func startParked(t *testing.T, opts ws.Options, tlsOn bool) *parked {
 		opts.ParkAfter = 20 * time.Millisecond
 	}
 	serve := func(c *ws.Conn) {
+		ps.last.Store(c)
 		c.Serve(func(op int, msg []byte) bool {
 			if op == ws.OpText {
 				return c.WriteText(msg) == nil
@@ -346,6 +348,14 @@ func TestParkedTLSReadsBufferedRecords(t *testing.T) {
 		rc.expectFrame(ws.OpBinary, msg)
 		ps.waitParked(t, 1)
 	}
+	// Parked, the socket's records are tlsrec's (crypto/tls dropped with
+	// its buffers); the messages above went both ways through it, and so
+	// does the close.
+	if !ws.TLSTakenOver(ps.last.Load()) {
+		t.Fatal("a parked TLS 1.3 socket kept crypto/tls's record layer")
+	}
+	ps.last.Load().Close(ws.CloseNormal, "bye")
+	rc.expectClose(ws.CloseNormal)
 }
 
 // heldConn gathers writes while hold is set and sends them in one write
