@@ -141,6 +141,9 @@ func (c *conn) readNext(b []byte, r io.Reader) (int, error) {
 // above it), to be handed back.
 func (c *conn) handOver(outer net.Conn) error {
 	if c.handoff.CompareAndSwap(parkAtClose, parkedIdle) {
+		if rec, ok := outer.(interface{ Idle() }); ok {
+			rec.Idle() // TLS: the record layer's buffers and keys go while it waits
+		}
 		p := c.l.parking
 		p.park(&waiter{c: c, outer: outer, p: p, list: &p.idle, deadline: c.readBy.Load()})
 	}

@@ -3,6 +3,7 @@ package netlimit
 import (
 	"bufio"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -195,12 +196,23 @@ func TestKeepAliveTLS(t *testing.T) {
 			name = "tls.NewListener"
 		}
 		t.Run(name, func(t *testing.T) {
+			// What each request's handler found: under the listener's
+			// TLS the records are tlsrec's from the first park on, and
+			// the connection still says what TLS it has.
+			seen := make(chan string, 3)
 			s := startParked(t, Limits{}, time.Minute, func(ln net.Listener) net.Listener {
 				if own {
 					return ln.(*Listener).TLS(cfg)
 				}
 				return tls.NewListener(ln, cfg)
-			}, keepAlive(time.Minute, false))
+			}, keepAlive(time.Minute, false), func(_ *Listener, srv *fasthttp.Server) {
+				next := srv.Handler
+				srv.Handler = func(ctx *fasthttp.RequestCtx) {
+					tc, _ := ctx.Conn().(*tlsConn)
+					seen <- fmt.Sprintf("taken over %v, TLS %#x", tc != nil && tc.TakenOver(), ctx.TLSConnectionState().Version)
+					next(ctx)
+				}
+			})
 			c := tls.Client(s.dial("127.0.0.1"), &tls.Config{InsecureSkipVerify: true})
 			for round := 1; round <= 3; round++ {
 				s.get(c)
@@ -215,6 +227,12 @@ func TestKeepAliveTLS(t *testing.T) {
 			}
 			if h := s.hits.Load(); h != 3 {
 				t.Fatalf("%d requests reached the handler, want 3", h)
+			}
+			for round := 1; round <= 3; round++ {
+				want := fmt.Sprintf("taken over %v, TLS %#x", own && round > 1, tls.VersionTLS13)
+				if got := <-seen; got != want {
+					t.Fatalf("request %d: %s, want %s", round, got, want)
+				}
 			}
 			if got := s.counts.snapshot(); len(got) != 0 {
 				t.Fatalf("refusals counted: %v, want none", got)

@@ -3,6 +3,8 @@ package netlimit
 import (
 	"crypto/tls"
 	"net"
+
+	"edgerelay/fastpath/tlsrec"
 )
 
 // TLS is l serving TLS with cfg, as tls.NewListener(l, cfg) would, except
@@ -31,17 +33,19 @@ func (l *tlsListener) Accept() (net.Conn, error) {
 	case *tlsConn:
 		return c, nil
 	case *conn:
-		return &tlsConn{Conn: tls.Server(c, l.cfg), c: c}, nil
+		return &tlsConn{Conn: tlsrec.Wrap(tls.Server(c, l.cfg)), c: c}, nil
 	}
 	return tls.Server(c, l.cfg), nil
 }
 
-// tlsConn is a *tls.Conn over one of the Listener's connections, which
-// the Listener can park between requests (keepalive.go) with its TLS.
-// Everything else is the *tls.Conn's: Handshake and ConnectionState (a
-// server finds its TLS through them), NetConn (the connection below).
+// tlsConn is TLS over one of the Listener's connections, which the
+// Listener can park between requests (keepalive.go) with its TLS: a
+// tlsrec.Conn, crypto/tls's until it first parks, then keeping only its
+// secrets while it waits (docs/parking.md). Everything else is the
+// tlsrec.Conn's: Handshake and ConnectionState (a server finds its TLS
+// through them), NetConn (the connection below).
 type tlsConn struct {
-	*tls.Conn
+	*tlsrec.Conn
 	c *conn
 }
 
@@ -63,6 +67,6 @@ func (t *tlsConn) Close() error {
 	return t.Conn.Close()
 }
 
-// TLSConn is the connection's *tls.Conn, for a record layer that takes it
-// over once it is a parked WebSocket's (tlsrec.Wrap).
-func (t *tlsConn) TLSConn() *tls.Conn { return t.Conn }
+// TLSRecords is the connection's record layer, for a WebSocket served on
+// it after an upgrade (tlsrec.Wrap).
+func (t *tlsConn) TLSRecords() *tlsrec.Conn { return t.Conn }

@@ -11,8 +11,16 @@ import (
 // the suite and, per direction, the current traffic secret and the next
 // record's sequence number.
 type captured struct {
-	suite   *suite
-	in, out half
+	suite      *suite
+	in, out    half
+	negotiated negotiated
+}
+
+// negotiated is what ConnectionState reports of a connection taken over,
+// beside its version and suite.
+type negotiated struct {
+	serverName, alpn string
+	didResume        bool
 }
 
 // errBusy: the *tls.Conn holds input not yet read (a partial record, or a
@@ -41,7 +49,11 @@ func capture(tc *tls.Conn) (st captured, err error) {
 			st, err = captured{}, fmt.Errorf("%w: %v", errNotTLS13, r)
 		}
 	}()
-	if !tc.ConnectionState().HandshakeComplete || tc.ConnectionState().Version != tls.VersionTLS13 {
+	cs := tc.ConnectionState()
+	if !cs.HandshakeComplete {
+		return captured{}, errBusy // not yet
+	}
+	if cs.Version != tls.VersionTLS13 {
 		return captured{}, errNotTLS13
 	}
 	v := reflect.ValueOf(tc).Elem()
@@ -63,7 +75,7 @@ func capture(tc *tls.Conn) (st captured, err error) {
 	if err != nil {
 		return captured{}, fmt.Errorf("tlsrec: write side: %w", err)
 	}
-	return captured{suite: s, in: in, out: out}, nil
+	return captured{suite: s, in: in, out: out, negotiated: negotiated{cs.ServerName, cs.NegotiatedProtocol, cs.DidResume}}, nil
 }
 
 // field is v's field name; it panics (see capture's recover) when there

@@ -76,9 +76,10 @@ var (
 type Conn struct {
 	// tls is what the connection was given, until it is taken over (then
 	// nil: dropped with all it holds). Loaded by Close from any goroutine.
-	tls atomic.Pointer[tlsSide]
-	raw net.Conn // the connection below TLS
-	s   *suite   // set when taken over
+	tls        atomic.Pointer[tlsSide]
+	raw        net.Conn // the connection below TLS
+	s          *suite   // set when taken over
+	negotiated          // set when taken over
 
 	// The reader's: Read and Idle.
 	in      half
@@ -106,15 +107,16 @@ type tlsSide struct {
 	tc *tls.Conn
 }
 
-// Wrap is nc as a Conn when nc is TLS: a *tls.Conn, or a wrapper of one
-// with a TLSConn method. Nil for any other connection.
+// Wrap is nc as a Conn when nc is TLS: a *tls.Conn (its handshake done
+// or not), or a wrapper of a Conn with a TLSRecords method (that Conn).
+// Nil for any other connection.
 func Wrap(nc net.Conn) *Conn {
 	var tc *tls.Conn
 	switch v := nc.(type) {
 	case *tls.Conn:
 		tc = v
-	case interface{ TLSConn() *tls.Conn }:
-		tc = v.TLSConn()
+	case interface{ TLSRecords() *Conn }:
+		return v.TLSRecords()
 	default:
 		return nil
 	}
@@ -169,7 +171,7 @@ func (c *Conn) takeOver() bool {
 		c.never = !errors.Is(err, errBusy)
 		return false
 	}
-	c.s, c.in, c.out = st.suite, st.in, st.out
+	c.s, c.in, c.out, c.negotiated = st.suite, st.in, st.out, st.negotiated
 	c.tls.Store(nil)
 	return true
 }
@@ -503,6 +505,33 @@ func (c *Conn) Close() error {
 		c.wmu.Unlock()
 	}
 	return c.raw.Close()
+}
+
+// Handshake runs crypto/tls's handshake unless it has run (it has, once
+// the connection is taken over).
+func (c *Conn) Handshake() error {
+	if t := c.tls.Load(); t != nil {
+		return t.tc.Handshake()
+	}
+	return nil
+}
+
+// ConnectionState is crypto/tls's until the connection is taken over;
+// after, what was negotiated: version, suite, server name, ALPN protocol
+// and resumption (the peer's certificates and the exporter are not kept:
+// no server here asks for either after the first request).
+func (c *Conn) ConnectionState() tls.ConnectionState {
+	if t := c.tls.Load(); t != nil {
+		return t.tc.ConnectionState()
+	}
+	return tls.ConnectionState{
+		Version:            tls.VersionTLS13,
+		HandshakeComplete:  true,
+		DidResume:          c.didResume,
+		CipherSuite:        c.s.id,
+		NegotiatedProtocol: c.alpn,
+		ServerName:         c.serverName,
+	}
 }
 
 // NetConn is the connection below TLS.

@@ -437,3 +437,36 @@ func TestNoAllocationsPerRecord(t *testing.T) {
 		t.Fatalf("%.1f allocations per record, want the goroutine's 1 at most", allocs)
 	}
 }
+
+// A Conn wrapped before its handshake (a listener's) waits for it: an
+// Idle before it leaves the connection to crypto/tls without giving up
+// on it, and after the takeover ConnectionState still tells the TLS.
+func TestIdleBeforeTheHandshake(t *testing.T) {
+	a, b := tcpPair(t)
+	c := Wrap(tls.Server(b, &tls.Config{Certificates: []tls.Certificate{tlstest.SelfSigned(t)}, NextProtos: []string{"http/1.1"}}))
+	c.Idle()
+	if c.TakenOver() || c.never {
+		t.Fatalf("an Idle before the handshake: taken over %v, given up %v", c.TakenOver(), c.never)
+	}
+	cc := tls.Client(a, &tls.Config{InsecureSkipVerify: true, ServerName: "relay.test", NextProtos: []string{"http/1.1"}})
+	setDeadlines(t, c, cc)
+	errs := make(chan error, 1)
+	go func() { errs <- cc.Handshake() }()
+	if err := c.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	before := c.ConnectionState()
+	takeOver(t, c)
+	after := c.ConnectionState()
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("Handshake after the takeover: %v", err)
+	}
+	if after.Version != before.Version || after.CipherSuite != before.CipherSuite || after.ServerName != "relay.test" ||
+		after.NegotiatedProtocol != "http/1.1" || !after.HandshakeComplete || after.DidResume != before.DidResume {
+		t.Fatalf("ConnectionState after the takeover %+v, before %+v", after, before)
+	}
+	exchange(t, c, cc, random(t, 100), random(t, 100))
+}
