@@ -458,15 +458,7 @@ func (c *Conn) seal(buf []byte, typ byte, data []byte) ([]byte, error) {
 // writeRecordLocked seals and writes one record (wmu held).
 func (c *Conn) writeRecordLocked(typ byte, data []byte) error {
 	var small [64]byte
-	buf, err := c.seal(small[:0], typ, data)
-	if err != nil {
-		return err
-	}
-	if _, err := c.raw.Write(buf); err != nil {
-		c.werr = err
-		return err
-	}
-	return nil
+	return c.writeSealed(c.seal(small[:0], typ, data))
 }
 
 // rekeyLocked writes a KeyUpdate and moves the write key on (wmu held);
@@ -476,9 +468,13 @@ func (c *Conn) rekeyLocked(request byte) error {
 		return c.werr
 	}
 	var small [64]byte
-	buf, err := c.sealKeyUpdate(small[:0], request)
-	if err != nil {
-		return err
+	return c.writeSealed(c.sealKeyUpdate(small[:0], request))
+}
+
+// writeSealed writes the records sealed into buf, unless sealing failed.
+func (c *Conn) writeSealed(buf []byte, sealErr error) error {
+	if sealErr != nil {
+		return sealErr
 	}
 	if _, err := c.raw.Write(buf); err != nil {
 		c.werr = err

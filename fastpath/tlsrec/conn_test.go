@@ -197,18 +197,24 @@ func TestPeerKeyUpdate(t *testing.T) {
 	c, cc := tlsPair(t)
 	takeOver(t, c)
 	inBefore := append([]byte(nil), c.in.secret...)
-	c.wmu.Lock()
-	err := c.rekeyLocked(1)
-	c.wmu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	requestKeyUpdate(t, c)
 	// The client reads the update when it reads data, and answers it
 	// before its next write.
 	exchange(t, c, cc, random(t, 10), random(t, 10))
 	exchange(t, c, cc, random(t, 20_000), random(t, 10))
 	if bytes.Equal(inBefore, c.in.secret) {
 		t.Fatal("the read key did not follow crypto/tls's KeyUpdate")
+	}
+}
+
+// requestKeyUpdate sends a KeyUpdate asking c's peer for one of its own.
+func requestKeyUpdate(t *testing.T, c *Conn) {
+	t.Helper()
+	c.wmu.Lock()
+	err := c.rekeyLocked(1)
+	c.wmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -250,12 +256,7 @@ func TestTwinsEverySuite(t *testing.T) {
 		exchange(t, a, b, random(t, 40_000), random(t, 40_000))
 		// b asks a to update: a answers, and both directions move on.
 		aIn, aOut := append([]byte(nil), a.in.secret...), append([]byte(nil), a.out.secret...)
-		b.wmu.Lock()
-		err := b.rekeyLocked(1)
-		b.wmu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
+		requestKeyUpdate(t, b)
 		exchange(t, a, b, random(t, 100), random(t, 100))
 		if bytes.Equal(aIn, a.in.secret) || bytes.Equal(aOut, a.out.secret) {
 			t.Fatalf("suite %#x: a requested KeyUpdate moved in %v, out %v", s.id, !bytes.Equal(aIn, a.in.secret), !bytes.Equal(aOut, a.out.secret))
