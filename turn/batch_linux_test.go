@@ -129,6 +129,9 @@ func TestRelayBatched(t *testing.T) {
 				t.Errorf("a datagram more than sent: %d bytes", len(extra))
 			}
 			r := relayOf(t, s, relay.Port())
+			settle(func() bool {
+				return r.downPackets.Load() == wantPackets && r.downBytes.Load() == wantBytes && (mode.noGSO || r.downRuns.Load() > 0)
+			})
 			if p, b := r.downPackets.Load(), r.downBytes.Load(); p != wantPackets || b != wantBytes {
 				t.Errorf("counted %d datagrams, %d bytes to the client; want %d, %d", p, b, wantPackets, wantBytes)
 			}
@@ -191,6 +194,7 @@ func TestRelayBatchedStream(t *testing.T) {
 				}
 			}
 			r := relayOf(t, s, relay.Port())
+			settle(func() bool { return r.downPackets.Load() == uint64(len(sizes)) && r.downRuns.Load() > 0 })
 			if got := r.downPackets.Load(); got != uint64(len(sizes)) {
 				t.Errorf("counted %d datagrams to a stream client, want %d", got, len(sizes))
 			}
@@ -385,6 +389,7 @@ func TestRelayBatchedUp(t *testing.T) {
 
 			r := relayOf(t, s, relay.Port())
 			expectAtPeers(t, r, peers, want)
+			settle(func() bool { return mode.noGSO || r.upRuns.Load() > 0 })
 			if runs := r.upRuns.Load(); mode.noGSO != (runs == 0) {
 				t.Errorf("%d GSO sends to peers on the %s path", runs, mode.name)
 			}
@@ -422,6 +427,7 @@ func TestRelayBatchedStreamUp(t *testing.T) {
 			}
 			r := relayOf(t, s, relay.Port())
 			expectAtPeers(t, r, peers, want)
+			settle(func() bool { return network != "tcp" || r.upRuns.Load() > 0 })
 			if runs := r.upRuns.Load(); (network == "tcp") != (runs > 0) {
 				t.Errorf("%d GSO sends to peers from %s", runs, network)
 			}
@@ -521,9 +527,21 @@ func expectAtPeers(t *testing.T, r *relayConn, peers []*net.UDPConn, want [][]in
 		}
 	}
 	// The counters are added after the sends: the last may lag the peers.
-	waitFor(t, "the counters", func() bool { return r.upPackets.Load() == wantPackets })
+	settle(func() bool { return r.upPackets.Load() == wantPackets && r.upBytes.Load() == wantBytes })
+	if p := r.upPackets.Load(); p != wantPackets {
+		t.Errorf("counted %d datagrams to peers; want %d", p, wantPackets)
+	}
 	if b := r.upBytes.Load(); b != wantBytes {
 		t.Errorf("counted %d bytes to peers; want %d", b, wantBytes)
+	}
+}
+
+// settle waits, at most five seconds, for counters that the relay adds
+// after its sends: a peer or client may have read a batch before they
+// are. The caller then checks them, with their values in its errors.
+func settle(cond func() bool) {
+	for deadline := time.Now().Add(5 * time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -598,6 +616,9 @@ func TestRelayGRO(t *testing.T) {
 					t.Fatalf("datagram %d to the client: %d bytes (%x...), want %d bytes of %x", i, len(got), got[:min(len(got), 4)], len(want), want[0])
 				}
 			}
+			settle(func() bool {
+				return r.upPackets.Load() == 21 && r.upBytes.Load() == upBytes && r.downPackets.Load() == 31 && r.downBytes.Load() == downBytes
+			})
 			if p, b := r.upPackets.Load(), r.upBytes.Load(); p != 21 || b != upBytes {
 				t.Errorf("to the peer: counted %d datagrams, %d bytes; want 21, %d", p, b, upBytes)
 			}
