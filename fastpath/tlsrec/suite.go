@@ -72,35 +72,41 @@ func (s *suite) expandLabel(secret []byte, label string, n int) ([]byte, error) 
 }
 
 // A half is one direction's record protection: its traffic secret (kept
-// for KeyUpdate and to rebuild the AEAD), the next record's sequence
-// number, and the AEAD and IV derived from the secret, nil while idle.
+// for KeyUpdate), the next record's sequence number, the key and IV
+// derived from the secret (kept: a wake then only expands the key, with
+// no HKDF), and the AEAD made of them, nil while idle.
 type half struct {
 	secret   []byte
+	key      []byte
 	seq      uint64
 	aead     cipher.AEAD
 	iv       [nonceLen]byte
 	nonceBuf [nonceLen]byte // nonce's result: a local array passed to the AEAD would escape
 }
 
-// ready derives the AEAD and IV from the secret, unless it has them.
+// ready makes the AEAD, unless it has it, deriving the key and IV from
+// the secret first when it has not yet.
 func (h *half) ready(s *suite) error {
 	if h.aead != nil {
 		return nil
 	}
-	key, err := s.expandLabel(h.secret, "key", s.keyLen)
-	if err != nil {
-		return err
+	if h.key == nil {
+		key, err := s.expandLabel(h.secret, "key", s.keyLen)
+		if err != nil {
+			return err
+		}
+		iv, err := s.expandLabel(h.secret, "iv", nonceLen)
+		if err != nil {
+			return err
+		}
+		h.key = key
+		copy(h.iv[:], iv)
 	}
-	iv, err := s.expandLabel(h.secret, "iv", nonceLen)
-	if err != nil {
-		return err
-	}
-	aead, err := s.aead(key)
+	aead, err := s.aead(h.key)
 	if err != nil {
 		return fmt.Errorf("tlsrec: cipher: %w", err)
 	}
 	h.aead = aead
-	copy(h.iv[:], iv)
 	return nil
 }
 
@@ -130,7 +136,7 @@ func (h *half) update(s *suite) error {
 	if err != nil {
 		return err
 	}
-	h.secret, h.seq, h.aead = next, 0, nil
+	h.secret, h.key, h.seq, h.aead = next, nil, 0, nil
 	return nil
 }
 
