@@ -81,7 +81,9 @@ type Conn struct {
 	s          *suite   // set when taken over
 	negotiated          // set when taken over
 
-	// The reader's: Read and Idle.
+	// The reader's: Read and Idle, under rmu (a write may take the
+	// connection over while no read runs: see Write).
+	rmu     sync.Mutex
 	in      half
 	rbuf    *[]byte // raw input (*rbuf)[r0:r1]; nil while idle and empty
 	r0, r1  int
@@ -91,6 +93,9 @@ type Conn struct {
 	useless int // records in a row that advanced nothing
 	never   bool
 	rerr    error // why reading ended
+	// deferred: an Idle found a write under way and left the takeover
+	// to that write's end.
+	deferred atomic.Bool
 
 	// The writers': under wmu.
 	wmu        sync.Mutex
@@ -134,10 +139,25 @@ func (c *Conn) TakenOver() bool { return c.tls.Load() == nil }
 // unread, the Conn takes the connection over; from then on Idle gives
 // back what the record layer can rebuild: its read buffer when it holds
 // no partial record, and both AEADs (the write one unless a write is
-// under way).
+// under way). An Idle that finds a write under way before the takeover
+// leaves the takeover to that write's end: a parked socket may not wake
+// again for a long while.
 func (c *Conn) Idle() {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	if c.tls.Load() != nil {
-		if c.never || !c.takeOver() {
+		if c.never {
+			return
+		}
+		// A write under way (a slow peer's) must not hold the reader:
+		// the write takes the connection over when it is done.
+		if !c.wmu.TryLock() {
+			c.deferred.Store(true)
+			return
+		}
+		taken := c.takeOverLocked()
+		c.wmu.Unlock()
+		if !taken {
 			return
 		}
 	}
@@ -152,17 +172,12 @@ func (c *Conn) Idle() {
 	}
 }
 
-// takeOver captures the connection's record state from crypto/tls and
-// drops crypto/tls; false when it cannot now (input is buffered there, a
-// write is under way, the connection is closing) or ever (then never is
-// set).
-func (c *Conn) takeOver() bool {
-	// No write may seal a record meanwhile; a write under way (a slow
-	// peer's) leaves it to a later Idle rather than hold the reader.
-	if !c.wmu.TryLock() {
-		return false
-	}
-	defer c.wmu.Unlock()
+// takeOverLocked captures the connection's record state from crypto/tls
+// and drops crypto/tls (rmu and wmu held: no read or write can run);
+// false when it cannot now (input is buffered there, the connection is
+// closing) or ever (then never is set).
+func (c *Conn) takeOverLocked() bool {
+	c.deferred.Store(false)
 	if c.closed.Load() {
 		return false
 	}
@@ -178,6 +193,8 @@ func (c *Conn) takeOver() bool {
 
 // Read reads application data.
 func (c *Conn) Read(p []byte) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	if t := c.tls.Load(); t != nil {
 		return t.nc.Read(p)
 	}
@@ -381,7 +398,16 @@ func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if t := c.tls.Load(); t != nil {
-		return t.nc.Write(p)
+		n, err := t.nc.Write(p)
+		// The takeover an Idle left to this write, unless a read runs
+		// now (the next Idle then takes over).
+		if c.deferred.Load() && c.rmu.TryLock() {
+			if !c.never {
+				c.takeOverLocked()
+			}
+			c.rmu.Unlock()
+		}
+		return n, err
 	}
 	if c.werr != nil {
 		return 0, c.werr

@@ -471,3 +471,28 @@ func TestIdleBeforeTheHandshake(t *testing.T) {
 	}
 	exchange(t, c, cc, random(t, 100), random(t, 100))
 }
+
+// An Idle while a write is under way (a signal socket parks as its "peer
+// up" goes out) leaves the takeover to that write: the socket may stay
+// parked, with no Idle to come, for a whole ping interval.
+func TestTakeOverDeferredToTheWrite(t *testing.T) {
+	c, cc := tlsPair(t)
+	c.wmu.Lock() // a write under way
+	c.Idle()
+	c.wmu.Unlock()
+	if c.TakenOver() {
+		t.Fatal("took over under a write")
+	}
+	down := random(t, 300)
+	if _, err := c.Write(down); err != nil {
+		t.Fatal(err)
+	}
+	if !c.TakenOver() {
+		t.Fatal("the write did not take over the connection its Idle left to it")
+	}
+	got := make([]byte, len(down))
+	if _, err := io.ReadFull(cc, got); err != nil || !bytes.Equal(got, down) {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	exchange(t, c, cc, random(t, 5000), random(t, 5000))
+}
