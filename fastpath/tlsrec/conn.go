@@ -172,6 +172,24 @@ func (c *Conn) Idle() {
 	}
 }
 
+// IdleWrite gives back the write AEAD (rebuilt at the next record), for
+// a writer whose queue is empty while its reader waits; a write under
+// way keeps it.
+func (c *Conn) IdleWrite() {
+	if c.wmu.TryLock() {
+		c.out.idle()
+		c.wmu.Unlock()
+	}
+}
+
+// WriteKeysHeld tells whether the write AEAD is built (for tests of the
+// callers that idle it).
+func (c *Conn) WriteKeysHeld() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.out.aead != nil
+}
+
 // takeOverLocked captures the connection's record state from crypto/tls
 // and drops crypto/tls (rmu and wmu held: no read or write can run);
 // false when it cannot now (input is buffered there, the connection is

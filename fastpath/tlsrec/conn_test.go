@@ -496,3 +496,18 @@ func TestTakeOverDeferredToTheWrite(t *testing.T) {
 	}
 	exchange(t, c, cc, random(t, 5000), random(t, 5000))
 }
+
+// IdleWrite drops the write AEAD; the next write rebuilds it.
+func TestIdleWriteDropsTheWriteKeys(t *testing.T) {
+	c, cc := tlsPair(t)
+	takeOver(t, c)
+	exchange(t, c, cc, random(t, 10), random(t, 10))
+	if c.out.aead == nil {
+		t.Fatal("no write AEAD after a write")
+	}
+	c.IdleWrite()
+	if c.out.aead != nil {
+		t.Fatal("IdleWrite kept the write AEAD")
+	}
+	exchange(t, c, cc, random(t, 10), random(t, 20_000))
+}

@@ -949,6 +949,7 @@ func (c *Conn) writeLoop() {
 		if len(c.pending) == 0 && !c.closing {
 			c.writerOn = false
 			c.mu.Unlock()
+			c.writerIdle()
 			return
 		}
 		writing := c.spare

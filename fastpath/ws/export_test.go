@@ -11,3 +11,9 @@ func TLSTakenOver(c *Conn) bool {
 	rc, ok := c.nc.(*tlsrec.Conn)
 	return ok && rc.TakenOver()
 }
+
+// TLSWriteKeysHeld reports whether c's record layer holds its write AEAD.
+func TLSWriteKeysHeld(c *Conn) bool {
+	rc, ok := c.nc.(*tlsrec.Conn)
+	return ok && rc.WriteKeysHeld()
+}

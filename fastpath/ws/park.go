@@ -168,6 +168,18 @@ func (c *Conn) parkNow() bool {
 	return true
 }
 
+// writerIdle is the writer's end with nothing queued: a TLS socket whose
+// reader is parked gives back its write keys too (a delivery to a parked
+// watch would otherwise keep them until the socket next parks).
+func (c *Conn) writerIdle() {
+	if c.parkState.Load() != stateParked {
+		return
+	}
+	if rc, ok := c.nc.(*tlsrec.Conn); ok {
+		rc.IdleWrite()
+	}
+}
+
 // armSilence sets the socket's timer (see fire) for the silence's
 // deadline, should that come before the next ping, so that a socket that
 // stays parked past it is closed with 1001 at that instant; false when it

@@ -354,6 +354,13 @@ func TestParkedTLSReadsBufferedRecords(t *testing.T) {
 	if !ws.TLSTakenOver(ps.last.Load()) {
 		t.Fatal("a parked TLS 1.3 socket kept crypto/tls's record layer")
 	}
+	// A delivery to the parked socket builds its write keys, and they go
+	// when its writer is done.
+	if err := ps.last.Load().WriteText([]byte("delivered")); err != nil {
+		t.Fatal(err)
+	}
+	rc.expectFrame(ws.OpText, []byte("delivered"))
+	waitFor(t, "the write keys to go", func() bool { return !ws.TLSWriteKeysHeld(ps.last.Load()) })
 	ps.last.Load().Close(ws.CloseNormal, "bye")
 	rc.expectClose(ws.CloseNormal)
 }
