@@ -314,6 +314,7 @@ func TestBadRecords(t *testing.T) {
 		{"key update request 2", func(p *peer) []byte { return p.record([]byte{msgKeyUpdate, 0, 0, 1, 2}, typeHandshake) }, "request_update other than 0 or 1", "illegal parameter"},
 		{"empty handshake", func(p *peer) []byte { return p.record(nil, typeHandshake) }, "empty handshake record", "unexpected message"},
 		{"malformed alert", func(p *peer) []byte { return p.record([]byte{2}, typeAlert) }, "malformed alert", "error decoding message"},
+		{"plaintext one past 16 KiB", func(p *peer) []byte { return p.record(make([]byte, maxPlaintext), typeAppData, 0) }, "plaintext of 16386 bytes", "record overflow"},
 		{"17 empty records", func(p *peer) []byte {
 			var b []byte
 			for range maxUseless + 1 {
@@ -510,4 +511,25 @@ func TestIdleWriteDropsTheWriteKeys(t *testing.T) {
 		t.Fatal("IdleWrite kept the write AEAD")
 	}
 	exchange(t, c, cc, random(t, 10), random(t, 20_000))
+}
+
+// The limits at their edges: 16 records in a row without data, then a
+// record of a full 16 KiB of data, are read.
+func TestRecordLimitsAtTheEdge(t *testing.T) {
+	c, cc := tlsPair(t)
+	takeOver(t, c)
+	p := &peer{t: t, c: c}
+	var stream []byte
+	for range maxUseless {
+		stream = append(stream, p.record(nil, typeAppData)...)
+	}
+	full := random(t, maxPlaintext)
+	stream = append(stream, p.record(full, typeAppData)...)
+	if _, err := cc.NetConn().Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(full))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, full) {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
 }
