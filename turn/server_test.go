@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"edgerelay/fastpath/tlsconf/tlstest"
+	"edgerelay/internal/freeport"
 	"edgerelay/turn/turntest"
 )
 
@@ -418,28 +419,8 @@ func TestQuotaTotal(t *testing.T) {
 	}
 }
 
-// freePortPair finds two consecutive free UDP ports on loopback.
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 100 {
-		a, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := a.LocalAddr().(*net.UDPAddr).Port
-		b, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port + 1})
-		_ = a.Close()
-		if err == nil {
-			_ = b.Close()
-			return port
-		}
-	}
-	t.Fatal("no two consecutive free UDP ports")
-	return 0
-}
-
 func TestRelayPortsExhausted(t *testing.T) {
-	port := freePortPair(t)
+	port := freeport.UDPPair(t)
 	s, _ := testServer(t, func(c *Config) { c.RelayPortMin, c.RelayPortMax = port, port+1 })
 	relays := allocateN(t, s, 2, func(i int) string { return "port-" + string(rune('a'+i)) })
 	for _, r := range relays {

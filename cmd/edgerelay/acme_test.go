@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"edgerelay/internal/freeport"
 )
 
 // The tests in this file run the relay against a real ACME server:
@@ -149,9 +151,9 @@ type pebbleCA struct {
 func startPebble(t *testing.T, tlsPort, httpPort int, validity time.Duration) *pebbleCA {
 	t.Helper()
 	bin, module := pebbleBinary(t)
-	p := &pebbleCA{t: t, out: &lockedBuffer{}, exited: make(chan struct{}), mgmt: freePort(t),
+	p := &pebbleCA{t: t, out: &lockedBuffer{}, exited: make(chan struct{}), mgmt: freeport.TCP(t),
 		minica: filepath.Join(module, "test/certs/pebble.minica.pem")}
-	listen := freePort(t)
+	listen := freeport.TCP(t)
 	p.directory = "https://" + listen + "/dir"
 	conf := map[string]any{"pebble": map[string]any{
 		"listenAddress":                  listen,
@@ -294,8 +296,8 @@ var turnsLine = regexp.MustCompile(`turns: on (\S+)`)
 // relay.test. A listener set out of ACME stays plain, the cache is 0700.
 func TestACMECertificateIssuedForEveryListener(t *testing.T) {
 	t.Parallel()
-	agentAddr := freePort(t)
-	p := startPebble(t, port(t, agentAddr), port(t, freePort(t)), 90*24*time.Hour)
+	agentAddr := freeport.TCP(t)
+	p := startPebble(t, port(t, agentAddr), port(t, freeport.TCP(t)), 90*24*time.Hour)
 	s := startServer(t, acmeEnv(p,
 		"RELAY_AGENT_LISTEN="+agentAddr,
 		"RELAY_CHANNEL_LISTEN=127.0.0.1:0", "RELAY_CHANNEL_TLS_CERT=", // kept out: plain
@@ -413,8 +415,8 @@ func acmeCache(t *testing.T, dataDir string) string {
 // verified and unexpired when served.
 func TestACMERenewsWithoutRestart(t *testing.T) {
 	t.Parallel()
-	mailboxAddr := freePort(t)
-	p := startPebble(t, port(t, mailboxAddr), port(t, freePort(t)), 12*time.Second)
+	mailboxAddr := freeport.TCP(t)
+	p := startPebble(t, port(t, mailboxAddr), port(t, freeport.TCP(t)), 12*time.Second)
 	s := startServer(t, acmeEnv(p, "RELAY_MAILBOX_LISTEN="+mailboxAddr)...)
 	roots := p.roots()
 	first := served(t, mailboxAddr, acmeDomain, roots)
@@ -453,8 +455,8 @@ func TestACMERenewsWithoutRestart(t *testing.T) {
 // served again after a restart with the CA gone, so without a new order.
 func TestACMECachedCertificateSurvivesRestart(t *testing.T) {
 	t.Parallel()
-	mailboxAddr := freePort(t)
-	p := startPebble(t, port(t, mailboxAddr), port(t, freePort(t)), 90*24*time.Hour)
+	mailboxAddr := freeport.TCP(t)
+	p := startPebble(t, port(t, mailboxAddr), port(t, freeport.TCP(t)), 90*24*time.Hour)
 	s := startServer(t, acmeEnv(p, "RELAY_MAILBOX_LISTEN="+mailboxAddr)...)
 	roots := p.roots()
 	first := served(t, mailboxAddr, acmeDomain, roots)
@@ -479,8 +481,8 @@ func TestACMECachedCertificateSurvivesRestart(t *testing.T) {
 // other requests there are redirected to https.
 func TestACMEHTTP01(t *testing.T) {
 	t.Parallel()
-	httpAddr := freePort(t)
-	nothing := freePort(t) // handed out once and never listened on
+	httpAddr := freeport.TCP(t)
+	nothing := freeport.TCP(t) // handed out once and never listened on
 	p := startPebble(t, port(t, nothing), port(t, httpAddr), 90*24*time.Hour)
 	s := startServer(t, acmeEnv(p, "RELAY_ACME_HTTP_LISTEN="+httpAddr)...)
 	if s.addrs["acme"] != httpAddr {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"edgerelay/internal/freeport"
+
 	"github.com/fasthttp/websocket"
 )
 
@@ -41,21 +43,21 @@ func startRelayCluster(t *testing.T, n int, services []string, env ...string) *r
 	c := &relayCluster{t: t}
 	var routes []string
 	for range n {
-		c.nats = append(c.nats, freePort(t))
-		routes = append(routes, "nats-route://"+freePort(t))
+		c.nats = append(c.nats, freeport.TCP(t))
+		routes = append(routes, "nats-route://"+freeport.TCP(t))
 	}
 	var started []<-chan string
 	for i := range n {
 		s := &relayProc{}
 		nodeEnv := append(append([]string(nil), clusterNodeEnv...),
 			fmt.Sprintf("RELAY_NODE_NAME=node%d", i),
-			"RELAY_ADMIN_LISTEN="+freePort(t),
+			"RELAY_ADMIN_LISTEN="+freeport.TCP(t),
 			"RELAY_NATS_EMBED_LISTEN="+c.nats[i],
 			"RELAY_NATS_EMBED_CLUSTER_LISTEN="+strings.TrimPrefix(routes[i], "nats-route://"),
 			"RELAY_NATS_EMBED_ROUTES="+strings.Join(routes, ","),
 		)
 		for _, svc := range services {
-			nodeEnv = append(nodeEnv, "RELAY_"+strings.ToUpper(strings.ReplaceAll(svc, "-", "_"))+"_LISTEN="+freePort(t))
+			nodeEnv = append(nodeEnv, "RELAY_"+strings.ToUpper(strings.ReplaceAll(svc, "-", "_"))+"_LISTEN="+freeport.TCP(t))
 		}
 		prepare(t, s, append(nodeEnv, env...)...)
 		c.nodes = append(c.nodes, s)
@@ -149,10 +151,10 @@ func waitStderr(t *testing.T, s *relayProc, text string, within time.Duration) {
 // settings differ refuses to start naming the setting; losing the quorum
 // makes /readyz 503 on the survivor and a returning node heals it.
 func TestClusterNodesStartTogetherAndAgree(t *testing.T) {
-	nats0 := freePort(t)
+	nats0 := freeport.TCP(t)
 	// An external-client node first: its NATS does not exist yet.
 	waiting := &relayProc{}
-	waitingAdmin := freePort(t)
+	waitingAdmin := freeport.TCP(t)
 	prepare(t, waiting, append(append([]string(nil), clusterNodeEnv...),
 		"RELAY_NODE_NAME=client", "RELAY_ADMIN_LISTEN="+waitingAdmin, "RELAY_NATS_URL=nats://"+nats0)...)
 	waiting.launch()
@@ -378,7 +380,7 @@ func TestClusterChannelAndAgentKeysAcrossNodes(t *testing.T) {
 
 	// No node answering: the key commands refuse instead of writing to
 	// the data dir's own store.
-	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_ADMIN_LISTEN=" + freePort(t), "RELAY_NATS_URL=nats://" + c.nats[0]}
+	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_ADMIN_LISTEN=" + freeport.TCP(t), "RELAY_NATS_URL=nats://" + c.nats[0]}
 	for _, args := range [][]string{{"keys", "channel", "list"}, {"keys", "agent", "account", "list"}, {"keys", "push", "list"}} {
 		_, stderr, code := edgerelay(t, env, args...)
 		if code != 1 || !strings.Contains(stderr, "cluster mode: no node answered") {

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"edgerelay/internal/freeport"
+
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
@@ -66,8 +68,8 @@ func startExternalNATS(t *testing.T) *externalNATS {
 	var clients, routes []string
 	var routeURLs []*url.URL
 	for range 3 {
-		clients = append(clients, freePort(t))
-		r := freePort(t)
+		clients = append(clients, freeport.TCP(t))
+		r := freeport.TCP(t)
 		routes = append(routes, r)
 		routeURLs = append(routeURLs, &url.URL{Scheme: "nats-route", Host: r})
 	}
@@ -265,7 +267,7 @@ func externalNode(t *testing.T, name string, env ...string) *relayProc {
 	t.Helper()
 	s := &relayProc{}
 	prepare(t, s, append(append([]string(nil), clusterNodeEnv...), append([]string{
-		"RELAY_NODE_NAME=" + name, "RELAY_ADMIN_LISTEN=" + freePort(t), "RELAY_CHANNEL_LISTEN=" + freePort(t),
+		"RELAY_NODE_NAME=" + name, "RELAY_ADMIN_LISTEN=" + freeport.TCP(t), "RELAY_CHANNEL_LISTEN=" + freeport.TCP(t),
 	}, env...)...)...)
 	return s
 }

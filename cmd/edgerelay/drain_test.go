@@ -18,6 +18,7 @@ import (
 	"github.com/pion/logging"
 	pionturn "github.com/pion/turn/v4"
 
+	"edgerelay/internal/freeport"
 	sdkmailbox "edgerelay/sdk/mailbox"
 )
 
@@ -57,7 +58,7 @@ func TestReliabilitySIGTERMDrainsEveryServiceAtOnce(t *testing.T) {
 	const drain = 8 * time.Second
 	const secret = "drain-rest-secret"
 	for cycle := range soakScale(t) {
-		turnAddr := freeUDPPort(t)
+		turnAddr := freeport.TCPAndUDP(t)
 		s := startServer(t, "RELAY_APPS=notes", "RELAY_DRAIN_TIMEOUT="+drain.String(),
 			"RELAY_TURN_LISTEN="+turnAddr, "RELAY_TURN_SECRET="+secret)
 		base := s.origin("mailbox") + "/v1/notes/mailbox/drain-mailbox-0001"

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"edgerelay/internal/freeport"
 )
 
 // TestAcknowledgedEnvelopesSurviveSIGKILL kills the server with SIGKILL
@@ -18,7 +20,7 @@ import (
 // byte. Several cycles.
 func TestAcknowledgedEnvelopesSurviveSIGKILL(t *testing.T) {
 	dir := t.TempDir()
-	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_MAILBOX_LISTEN=" + freePort(t), "RELAY_APPS=notes"}
+	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_MAILBOX_LISTEN=" + freeport.TCP(t), "RELAY_APPS=notes"}
 	s := startServer(t, env...)
 	base := s.origin("mailbox")
 	const writers = 8

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"edgerelay/internal/freeport"
 )
 
 // haproxy is a real L4 balancer (Debian's haproxy, installed by .ci/run)
@@ -33,7 +35,7 @@ func startHAProxy(t *testing.T, c *relayCluster, services ...string) *haproxy {
 	cfg.WriteString("global\n  maxconn 4000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 5m\n  timeout server 5m\n")
 	sort.Strings(services)
 	for _, svc := range services {
-		h.addrs[svc] = freePort(t)
+		h.addrs[svc] = freeport.TCP(t)
 		fmt.Fprintf(&cfg, "frontend f_%s\n  bind %s\n  default_backend b_%s\n", svc, h.addrs[svc], svc)
 		fmt.Fprintf(&cfg, "backend b_%s\n  balance roundrobin\n", svc)
 		for i, n := range c.nodes {

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"edgerelay/internal/freeport"
 )
 
 // hostileStateRequest is one request a stranger can send without a secret,
@@ -261,7 +263,7 @@ func processRSS(t *testing.T, s *relayProc) int64 {
 // Before the fix every refused mailbox request left an entry of about
 // 460 bytes for ten minutes (2.9 GB after 6M requests).
 func TestHostileUnauthenticatedRequestsKeepNoState(t *testing.T) {
-	turnAddr := freeUDPPort(t)
+	turnAddr := freeport.TCPAndUDP(t)
 	r := startHostileRelay(t, "RELAY_APPS=chat:push=com.example.chat,signal,ice",
 		"RELAY_TURN_LISTEN="+turnAddr, "RELAY_TURN_SECRET=hostile-state-secret",
 		// Garbage is collected at 20% over the live heap rather than 100%,

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"edgerelay/internal/freeport"
+
 	"github.com/pion/logging"
 	pionturn "github.com/pion/turn/v4"
 )
@@ -17,7 +19,7 @@ import (
 // credentials and allocates with them on the built-in TURN server, both
 // from one binary sharing RELAY_TURN_SECRET; a peer datagram comes back.
 func TestICECredentialsWorkOnTheBuiltInTURN(t *testing.T) {
-	turnAddr := freeUDPPort(t)
+	turnAddr := freeport.TCPAndUDP(t)
 	s := startServer(t, "RELAY_MAILBOX_LISTEN=127.0.0.1:0", "RELAY_APPS=chat:ice",
 		"RELAY_TURN_LISTEN="+turnAddr, "RELAY_TURN_SECRET=shared-rest-secret", "RELAY_TURN_ALLOW_PEERS=127.0.0.0/8")
 	base := s.origin("mailbox") + "/v1/chat/mailbox/ice-e2e-mailbox-00001"
@@ -116,26 +118,6 @@ type iceAnswer struct {
 		Username   string   `json:"username"`
 		Credential string   `json:"credential"`
 	} `json:"iceServers"`
-}
-
-func freeUDPPort(t *testing.T) string {
-	t.Helper()
-	// The TURN server takes the same port on UDP and TCP: find one free on both.
-	for range 20 {
-		tcp, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := tcp.Addr().String()
-		udp, err := net.ListenPacket("udp4", addr)
-		tcp.Close()
-		if err == nil {
-			udp.Close()
-			return addr
-		}
-	}
-	t.Fatal("no free port")
-	return ""
 }
 
 func mustUDP(t *testing.T) net.PacketConn {

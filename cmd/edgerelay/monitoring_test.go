@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"edgerelay/internal/freeport"
+
 	"github.com/fasthttp/websocket"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/pion/logging"
@@ -68,7 +70,7 @@ func TestPrometheusFindsEverySeriesTheMonitoringNames(t *testing.T) {
 		t.Fatalf("only %d series names found in the rules and the dashboard: the tokenizer lost some\n%v", len(names), names)
 	}
 
-	turnAddr := freeUDPPort(t)
+	turnAddr := freeport.TCPAndUDP(t)
 	single := &relayProc{}
 	prepare(t, single, "RELAY_APPS=chat:signal,ice", "RELAY_TURN_LISTEN="+turnAddr,
 		"RELAY_TURN_SECRET=monitoring-turn-secret", "RELAY_TURN_ALLOW_PEERS=127.0.0.0/8")
@@ -384,7 +386,7 @@ func startPrometheus(t *testing.T, bin string, jobs map[string]string) *promServ
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
+	addr := freeport.TCP(t)
 	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
 		"--web.listen-address="+addr, "--log.level=warn")
 	logs := &lockedBuffer{}

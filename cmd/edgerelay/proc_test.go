@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -260,64 +258,6 @@ func cliOK(t *testing.T, env []string, args ...string) string {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return lines[len(lines)-1]
-}
-
-// freePort reserves a loopback port for a server that must keep its address
-// across a restart.
-//
-// The port is closed again before the server binds it, so in that moment
-// anyone else may take it. The kernel's own picks (listeners on port 0,
-// the source ports of outgoing connections: every test here makes
-// thousands) all come from the ephemeral range, so freePort picks below
-// it, at random, where only another freePort could collide, and hands
-// out each port once per test process.
-func freePort(t *testing.T) string {
-	t.Helper()
-	handed.Lock()
-	defer handed.Unlock()
-	if handed.addrs == nil {
-		handed.addrs = make(map[string]bool)
-	}
-	low := ephemeralLow()
-	for range 1000 {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(reservedPortFloor+rand.IntN(low-reservedPortFloor)))
-		if handed.addrs[addr] {
-			continue
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue // taken
-		}
-		_ = ln.Close()
-		handed.addrs[addr] = true
-		return addr
-	}
-	t.Fatalf("no free port between %d and %d", reservedPortFloor, low)
-	return ""
-}
-
-// reservedPortFloor is the lowest port freePort picks: above the
-// well-known and most registered services' ports.
-const reservedPortFloor = 10000
-
-// ephemeralLow is the start of the kernel's ephemeral port range
-// (Linux's default where it cannot be read).
-func ephemeralLow() int {
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil && n > reservedPortFloor+1000 {
-				low = n
-			}
-		}
-	}
-	return low
-}
-
-// handed is every address freePort returned in this test process.
-var handed struct {
-	sync.Mutex
-	addrs map[string]bool
 }
 
 func get(t *testing.T, url string) (int, string) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fasthttp/websocket"
 
+	"edgerelay/internal/freeport"
 	"edgerelay/push/pushtest"
 	"edgerelay/sdk/link"
 	sdkmailbox "edgerelay/sdk/mailbox"
@@ -219,7 +220,7 @@ func TestReliabilitySIGTERMUnderLoad(t *testing.T) {
 	// The exit follows the drain: Pebble's close and the process's end;
 	// generous because the race detector slows both.
 	const margin = 5 * time.Second
-	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_MAILBOX_LISTEN=" + freePort(t), "RELAY_APPS=notes", "RELAY_DRAIN_TIMEOUT=" + drain.String(), quickExit}
+	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_MAILBOX_LISTEN=" + freeport.TCP(t), "RELAY_APPS=notes", "RELAY_DRAIN_TIMEOUT=" + drain.String(), quickExit}
 	s := startServer(t, env...)
 	const writers = 6
 	ws := make([]*envelopeWriter, writers)
@@ -580,7 +581,7 @@ func phoneReachesComputer(t *testing.T, addr string, h *channelHost) {
 // revoked key stays unknown (403), and a key added online is there, unused,
 // and claimable. TestClaimsSurviveHardRestart covers one quiet claim.
 func TestReliabilityChannelClaimsSurviveSIGKILL(t *testing.T) {
-	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_CHANNEL_LISTEN=" + freePort(t), "RELAY_ADMIN_LISTEN=" + freePort(t), quickExit}
+	env := []string{"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_CHANNEL_LISTEN=" + freeport.TCP(t), "RELAY_ADMIN_LISTEN=" + freeport.TCP(t), quickExit}
 	s := startServer(t, env...)
 	ops := operator{t: t, env: env}
 	var mu sync.Mutex // guards every channelHost while racers run
@@ -651,7 +652,7 @@ func pushGatewayEnv(t *testing.T, extra ...string) ([]string, *pushtest.FakeAPNs
 	p8, priv := pushtest.NewAPNsKey(t)
 	fake := pushtest.NewAPNs(t, "TEAM123456", "KEY1234567", &priv.PublicKey)
 	env := []string{
-		"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_PUSH_APNS_LISTEN=" + freePort(t), "RELAY_ADMIN_LISTEN=" + freePort(t), quickExit,
+		"RELAY_DATA_DIR=" + t.TempDir(), "RELAY_PUSH_APNS_LISTEN=" + freeport.TCP(t), "RELAY_ADMIN_LISTEN=" + freeport.TCP(t), quickExit,
 		"RELAY_APNS_KEY_FILE=" + pushtest.WriteFile(t, "AuthKey.p8", p8), "RELAY_APNS_KEY_ID=KEY1234567", "RELAY_APNS_TEAM_ID=TEAM123456",
 		"RELAY_APNS_TOPIC=org.example.app", "RELAY_APNS_URL=" + fake.URL(), "SSL_CERT_FILE=" + pushtest.WriteFile(t, "ca.pem", fake.CertPEM()),
 		// The load sends far more than the default 10 a minute per key.

@@ -21,6 +21,7 @@ import (
 	"github.com/fasthttp/websocket"
 
 	"edgerelay/fastpath/tlsconf"
+	"edgerelay/internal/freeport"
 	"edgerelay/sdk/channelcheck"
 )
 
@@ -183,7 +184,7 @@ func regexpLine(text, pattern string) bool {
 
 func TestClaimsSurviveHardRestart(t *testing.T) {
 	dir := t.TempDir()
-	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_CHANNEL_LISTEN=" + freePort(t)}
+	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_CHANNEL_LISTEN=" + freeport.TCP(t)}
 	out, _, _ := edgerelay(t, env, "keys", "channel", "add", "--host", "alpha")
 	key := lastLine(out)
 	s := startServer(t, env...)
@@ -331,7 +332,7 @@ func TestSIGHUPReloadsCertificate(t *testing.T) {
 
 func TestConformanceAgainstOurRelay(t *testing.T) {
 	dir := t.TempDir()
-	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_CHANNEL_LISTEN=" + freePort(t)}
+	env := []string{"RELAY_DATA_DIR=" + dir, "RELAY_CHANNEL_LISTEN=" + freeport.TCP(t)}
 	var keys [4]string
 	for i := range keys {
 		out, _, _ := edgerelay(t, env, "keys", "channel", "add", "--host", "host"+string(rune('a'+i)))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pion/stun/v3"
 
+	"edgerelay/internal/freeport"
 	"edgerelay/turn"
 	"edgerelay/turn/turntest"
 )
@@ -19,7 +20,7 @@ const hardeningSecret = "turn-hardening-secret"
 // peers open (the tests' peers live there) and extra env.
 func startHardenedTURN(t *testing.T, env ...string) string {
 	t.Helper()
-	addr := freeUDPPort(t)
+	addr := freeport.TCPAndUDP(t)
 	startServer(t, append([]string{"RELAY_TURN_LISTEN=" + addr, "RELAY_TURN_SECRET=" + hardeningSecret,
 		"RELAY_TURN_ALLOW_PEERS=127.0.0.0/8"}, env...)...)
 	return addr

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"edgerelay/internal/freeport"
 	"edgerelay/store/natsembed"
 )
 
@@ -85,7 +86,7 @@ func startCluster(t *testing.T, n int, log *slog.Logger) *cluster {
 	// operator would configure it.
 	var routes []string
 	for range n {
-		routes = append(routes, "nats-route://"+freeAddr(t))
+		routes = append(routes, "nats-route://"+freeport.TCP(t))
 	}
 	for i := range n {
 		cfg := natsembed.Config{
@@ -130,17 +131,6 @@ func (c *cluster) stop(i int) {
 // restart starts node i again with its old config: same ports, same store.
 func (c *cluster) restart(i int) {
 	c.nodes[i] = c.start(c.cfgs[i])
-}
-
-// freeAddr is a loopback address with a port that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // js opens an in-process connection to node i and its JetStream context.
@@ -368,7 +358,7 @@ func TestClusterKVCreateOneWinner(t *testing.T) {
 }
 
 func TestStartConfigValidation(t *testing.T) {
-	self := freeAddr(t)
+	self := freeport.TCP(t)
 	good := natsembed.Config{
 		NodeName: "a", ClientListen: "127.0.0.1:0", ClusterListen: self,
 		Routes: []string{"nats-route://" + self}, StoreDir: t.TempDir(), Replicas: 1,

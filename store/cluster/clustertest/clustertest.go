@@ -8,12 +8,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"edgerelay/internal/freeport"
 	"edgerelay/store/cluster"
 	"edgerelay/store/natsembed"
 )
@@ -35,7 +35,7 @@ func Start(t testing.TB, n int) *Nodes {
 	// port is picked first; each node gets the same list, itself included.
 	var routes []string
 	for range n {
-		routes = append(routes, "nats-route://"+freeAddr(t))
+		routes = append(routes, "nats-route://"+freeport.TCP(t))
 	}
 	for i := range n {
 		c.cfgs = append(c.cfgs, cluster.Config{
@@ -122,17 +122,6 @@ func Context(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// freeAddr is a loopback address with a port that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // testWriter sends log output to the test's log (shown on failure or -v).
