@@ -214,6 +214,15 @@ func TestKeepAliveTLS(t *testing.T) {
 				}
 			})
 			c := tls.Client(s.dial("127.0.0.1"), &tls.Config{InsecureSkipVerify: true})
+			if own {
+				// The listener shakes hands and parks the connection
+				// until its first request (greet): taken over from the
+				// first request on.
+				if err := c.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, "parked after its handshake", func() bool { return s.l.Waiting() == 1 })
+			}
 			for round := 1; round <= 3; round++ {
 				s.get(c)
 				if own {
@@ -229,7 +238,7 @@ func TestKeepAliveTLS(t *testing.T) {
 				t.Fatalf("%d requests reached the handler, want 3", h)
 			}
 			for round := 1; round <= 3; round++ {
-				want := fmt.Sprintf("taken over %v, TLS %#x", own && round > 1, tls.VersionTLS13)
+				want := fmt.Sprintf("taken over %v, TLS %#x", own, tls.VersionTLS13)
 				if got := <-seen; got != want {
 					t.Fatalf("request %d: %s, want %s", round, got, want)
 				}

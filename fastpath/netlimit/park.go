@@ -48,6 +48,12 @@ import (
 // wait the same way, in a second list of their own: their waits end at
 // the server's idle deadline, and one that passes is closed without
 // being counted (the server would have closed it then too).
+//
+// A TLS connection's first byte is its ClientHello, and the request comes
+// only after the handshake: when the Listener runs the TLS (tls.go), it
+// shakes hands itself, off the accept path, and parks the connection
+// again until the request's first byte, in a third list whose waits end
+// where the first one's did (the header timeout runs from the accept).
 
 // waiter states: exactly one of wake, sweep and Close moves a waiter out
 // of waiting, and that one disposes of it.
@@ -72,6 +78,7 @@ type parking struct {
 	closed  bool      // Close ran: nothing is queued or listed any more
 	started bool      // the accept goroutine runs (or ran)
 	fresh   waitList  // new connections waiting for their first byte
+	greeted waitList  // new TLS connections, shaken hands with, waiting for their first request byte (tls.go)
 	idle    waitList  // keep-alive connections waiting for their next request
 	ready   []*waiter // woken, not yet handed to Accept's caller
 
@@ -123,6 +130,7 @@ func (l *Listener) SetParker(set *park.Set, wait time.Duration) {
 	l.parking = &parking{
 		l: l, set: set, wait: max(wait, 0),
 		fresh:    waitList{reason: ReasonSilent},
+		greeted:  waitList{reason: ReasonSilent},
 		readySig: make(chan struct{}, 1),
 		errs:     make(chan error),
 		done:     make(chan struct{}),
@@ -140,7 +148,7 @@ func (l *Listener) Waiting() int {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.fresh.n + p.idle.n
+	return p.fresh.n + p.greeted.n + p.idle.n
 }
 
 // accept is Accept with a set: the next connection that has sent
@@ -152,6 +160,8 @@ func (p *parking) accept() (net.Conn, error) {
 			w.reg.Unregister() // before anyone can close the socket
 			if w.list == &p.idle {
 				w.c.resumed()
+			}
+			if w.outer != nil {
 				return w.outer, nil
 			}
 			return w.c, nil
@@ -410,7 +420,7 @@ func (p *parking) close() {
 	}
 	p.closed = true
 	var list []*waiter
-	for _, l := range []*waitList{&p.fresh, &p.idle} {
+	for _, l := range []*waitList{&p.fresh, &p.greeted, &p.idle} {
 		for w := l.first; w != nil; w = w.next {
 			list = append(list, w)
 		}

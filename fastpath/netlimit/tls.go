@@ -2,7 +2,10 @@ package netlimit
 
 import (
 	"crypto/tls"
+	"errors"
 	"net"
+	"os"
+	"time"
 
 	"edgerelay/fastpath/tlsrec"
 )
@@ -23,19 +26,64 @@ type tlsListener struct {
 }
 
 // Accept wraps a new connection in TLS; a parked keep-alive one comes
-// back wrapped already.
+// back wrapped already. With a set (SetParker), a new connection is
+// shaken hands with here and comes back once its first request byte has
+// arrived (greet).
 func (l *tlsListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		switch c := c.(type) {
+		case *tlsConn:
+			return c, nil
+		case *conn:
+			t := &tlsConn{Conn: tlsrec.Wrap(tls.Server(c, l.cfg)), c: c}
+			if p := l.parking; p != nil {
+				go p.greet(t)
+				continue
+			}
+			return t, nil
+		}
+		return tls.Server(c, l.cfg), nil
+	}
+}
+
+// greet shakes hands with a new TLS connection, on a goroutine of its own
+// (a slow client must not hold the accept path), within what is left of
+// its wait for a first byte, then parks it until its first request byte
+// with no buffer and only its secrets (tlsrec's takeover). A handshake
+// that does not end within the wait is counted as ReasonSilent, like a
+// connection that sent nothing; one that fails is closed (crypto/tls has
+// sent its alert). One whose request came with the handshake's end
+// (crypto/tls holds it, so epoll would not tell of it), and one that is
+// not TLS 1.3 (its state stays crypto/tls's), are handed over at once.
+func (p *parking) greet(t *tlsConn) {
+	c := t.c
+	by := c.firstReadBy.Load()
+	// On the connection below: the server's first deadline is still to
+	// be cut to the wait (conn.SetReadDeadline).
+	_ = c.Conn.SetDeadline(unixTime(by))
+	err := t.Conn.Handshake()
+	if derr := c.Conn.SetDeadline(time.Time{}); err == nil {
+		err = derr
+	}
 	if err != nil {
-		return nil, err
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			p.l.refuse(ReasonSilent)
+		}
+		_ = c.closeNow()
+		return
 	}
-	switch c := c.(type) {
-	case *tlsConn:
-		return c, nil
-	case *conn:
-		return &tlsConn{Conn: tlsrec.Wrap(tls.Server(c, l.cfg)), c: c}, nil
+	t.Conn.Idle()
+	w := &waiter{c: c, outer: t, p: p, list: &p.greeted, deadline: by}
+	if !t.Conn.TakenOver() {
+		w.state.Store(ready)
+		p.queue(w)
+		return
 	}
-	return tls.Server(c, l.cfg), nil
+	p.park(w)
 }
 
 // tlsConn is TLS over one of the Listener's connections, which the
