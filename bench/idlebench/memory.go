@@ -287,15 +287,21 @@ func measureOne(ctx context.Context, o MemoryOptions, l Layout, useTLS bool, sid
 		}
 		if side == 0 && l.Kind == KeepAlive {
 			// Parked a second after their answers; fasthttp then lets
-			// the goroutines that served them go a moment later.
+			// the goroutines that served them go a moment later (an
+			// idle worker after 2 s): the figure is read once they
+			// have, down to the server's own few dozen.
 			if r.Parked, err = srv.settleParked(ctx, l.Sockets); err == nil {
-				err = srv.settleGoroutines(ctx, l.Sockets/20+200)
+				err = srv.settleGoroutines(ctx, serverGoroutines)
 			}
 		}
 		return conns, err
 	}, profile)
 	return r, err
 }
+
+// serverGoroutines bounds the goroutines of a relay with nothing to
+// serve (its listeners, timers, the park set's and the runtime's own).
+const serverGoroutines = 100
 
 func kindFile(k Kind, useTLS bool) string {
 	if useTLS {

@@ -163,7 +163,9 @@ func (c *Conn) Idle() {
 	}
 	if c.rbuf != nil && c.r0 == c.r1 && len(c.plain) == 0 {
 		readBuffers.Put(c.rbuf)
-		c.rbuf, c.r0, c.r1 = nil, 0, 0
+		// plain, empty, is still a slice of the buffer: it would keep
+		// the buffer's array alive once the pool drops it.
+		c.rbuf, c.r0, c.r1, c.plain = nil, 0, 0, nil
 	}
 	c.in.idle()
 	if c.wmu.TryLock() {
