@@ -3,7 +3,6 @@ package turn
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net"
 	"net/netip"
@@ -203,12 +202,6 @@ func TestRelayBatchedStream(t *testing.T) {
 			}
 		})
 	}
-}
-
-// withTLS gives the server a turns: listener on a self-signed certificate.
-func withTLS(t *testing.T, c *Config) {
-	c.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
-	c.TLSListen = "127.0.0.1:0"
 }
 
 // TestRelayBatchAllocs: a burst of ChannelData both ways, read and sent in
@@ -533,15 +526,6 @@ func expectAtPeers(t *testing.T, r *relayConn, peers []*net.UDPConn, want [][]in
 	}
 	if b := r.upBytes.Load(); b != wantBytes {
 		t.Errorf("counted %d bytes to peers; want %d", b, wantBytes)
-	}
-}
-
-// settle waits, at most five seconds, for counters that the relay adds
-// after its sends: a peer or client may have read a batch before they
-// are. The caller then checks them, with their values in its errors.
-func settle(cond func() bool) {
-	for deadline := time.Now().Add(5 * time.Second); !cond() && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
 	}
 }
 

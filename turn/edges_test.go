@@ -199,6 +199,33 @@ func TestResign(t *testing.T) {
 // loopback sockets use.
 const maxIPv4Datagram = 65535 - 20 - 8
 
+// withTLS gives the server a turns: listener on a self-signed certificate.
+func withTLS(t *testing.T, c *Config) {
+	c.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
+	c.TLSListen = "127.0.0.1:0"
+}
+
+// settle waits, at most five seconds, for counters that the relay adds
+// after its sends: a peer or client may have read a batch before they
+// are. The caller then checks them, with their values in its errors.
+func settle(cond func() bool) {
+	for deadline := time.Now().Add(5 * time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// relayOf finds the live allocation's relay socket by its relayed port.
+func relayOf(t *testing.T, s *Server, port uint16) *relayConn {
+	t.Helper()
+	s.relays.mu.RLock()
+	defer s.relays.mu.RUnlock()
+	r := s.relays.byPort[int(port)]
+	if r == nil {
+		t.Fatalf("no relay socket on port %d", port)
+	}
+	return r
+}
+
 func payload(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n) }
 
 // TestBigDatagrams relays datagrams up to what each leg can carry, both

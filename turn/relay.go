@@ -85,10 +85,15 @@ type relayConn struct {
 	username atomic.Pointer[string]
 	routeMu  sync.Mutex // serializes replacing routes
 
-	// Per-allocation counters (one writer each: the client socket's reader
-	// counts upPackets, this socket's reader downPackets), folded into the
-	// server's totals when the allocation closes.
+	// Per-allocation counters (the client socket's reader counts
+	// upPackets; this socket's reader downPackets, and so do the readers of
+	// allocations that hand datagrams over to this one: hairpin.go),
+	// folded into the server's totals when the allocation closes.
 	upPackets, upBytes, downPackets, downBytes atomic.Uint64
+	// hairpins counts the datagrams this allocation sent to another of
+	// this server's, handed over in the process (hairpin.go; also counted
+	// in upPackets), for tests.
+	hairpins atomic.Uint64
 	// downRuns and upRuns are the GSO sends that carried some of those
 	// datagrams (Linux), and downRuns also the writes of ChannelData
 	// batches to a stream client; tests read them to see which batched
@@ -252,6 +257,9 @@ func (r *relayConn) sendUp(number uint16, payload []byte) bool {
 	if !ok {
 		return false
 	}
+	if r.hairpin(payload, peer) {
+		return true
+	}
 	if _, err := r.UDPConn.WriteToUDPAddrPort(payload, peer); err != nil {
 		return true // dropped like any UDP datagram the kernel would not take
 	}
@@ -263,6 +271,9 @@ func (r *relayConn) sendUp(number uint16, payload []byte) bool {
 // WriteTo is pion's path for Send indications (clients that have not
 // bound a channel); pion has checked the permission, we count.
 func (r *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if r.hairpin(p, addrPort(addr)) {
+		return len(p), nil
+	}
 	n, err := r.UDPConn.WriteTo(p, addr)
 	if err == nil {
 		r.upPackets.Add(1)
@@ -490,10 +501,15 @@ func (t *relayTable) remove(r *relayConn) {
 }
 
 func (t *relayTable) byRelayAddr(a net.Addr) *relayConn {
-	port := int(addrPort(a).Port())
+	return t.atPort(int(addrPort(a).Port()))
+}
+
+// atPort is the relay socket on port, or nil.
+func (t *relayTable) atPort(port int) *relayConn {
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.byPort[port]
+	r := t.byPort[port]
+	t.mu.RUnlock()
+	return r
 }
 
 func (t *relayTable) attach(tu tuple, r *relayConn) {

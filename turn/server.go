@@ -72,6 +72,11 @@ type Config struct {
 	// and tests of both of the batched readers' paths. Off by default:
 	// GRO costs nothing when input arrives one datagram at a time.
 	NoGRO bool
+	// NoHairpin sends a datagram from one allocation to another of this
+	// server through the kernel, as coturn does, instead of handing it
+	// over in the process (hairpin.go): for the benchmark's comparison of
+	// the two, and tests of both. Off by default.
+	NoHairpin bool
 
 	// holdRelayReads, set by tests only, is waited on by every relay
 	// socket's reader before its first read, so that the test can fill the
@@ -104,6 +109,9 @@ type Server struct {
 	metrics *metrics
 	// relayBufs are the relay sockets' read buffers (see datagramReader).
 	relayBufs *sync.Pool
+	// hairpinBufs frame datagrams handed from one allocation to another
+	// (hairpin.go).
+	hairpinBufs sync.Pool
 	// upQueues are the queues stream connections borrow to send a read's
 	// ChannelData on to the peers (Linux: streamup_linux.go).
 	upQueues sync.Pool
@@ -160,6 +168,7 @@ func Start(cfg Config) (*Server, error) {
 
 		relayBufs: newRelayBufPool(),
 	}
+	s.hairpinBufs.New = hairpinBuffer
 	var err error
 	if s.udp, s.tcp, err = listenPair(cfg.Listen); err != nil {
 		return nil, err

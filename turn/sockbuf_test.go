@@ -63,18 +63,6 @@ func wantBuffer(t *testing.T, size int, limit string) int {
 	return 2 * size
 }
 
-// relayOf finds the live allocation's relay socket by its relayed port.
-func relayOf(t *testing.T, s *Server, port uint16) *relayConn {
-	t.Helper()
-	s.relays.mu.RLock()
-	defer s.relays.mu.RUnlock()
-	r := s.relays.byPort[int(port)]
-	if r == nil {
-		t.Fatalf("no relay socket on port %d", port)
-	}
-	return r
-}
-
 // TestSocketBuffer: the setting is applied to the listener and to a live
 // allocation's relay socket, receive and send; unset, the default is.
 func TestSocketBuffer(t *testing.T) {

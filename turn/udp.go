@@ -52,6 +52,9 @@ func (s *Server) relaySend(t tuple, msg []byte) bool {
 	if rt := r.routes.Load(); rt == nil || !rt.perms[peer.Addr()] {
 		return true
 	}
+	if r.hairpin(data, peer) {
+		return true
+	}
 	if _, err := r.UDPConn.WriteToUDPAddrPort(data, peer); err == nil {
 		r.upPackets.Add(1)
 		r.upBytes.Add(uint64(len(data)))

@@ -237,6 +237,9 @@ func (u *upQueue) add(s *Server, t tuple, frame []byte) {
 	if !ok {
 		return
 	}
+	if r.hairpin(frame[4:4+length], peer) {
+		return // another allocation of ours: nothing for the kernel
+	}
 	u.ups[u.n] = upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
 	u.n++
 }

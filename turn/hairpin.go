@@ -1,0 +1,59 @@
+package turn
+
+import "net/netip"
+
+// Relaying between two allocations of this server.
+//
+// When both ends of a call are relay-only through this server (two
+// browsers behind NATs that allow nothing else, the case a TURN server
+// exists for), every datagram is relayed twice: client A's relay socket
+// sends it to B's relayed address, the kernel carries it across loopback,
+// B's relay socket reads it and B's reader sends it on to client B. The
+// middle costs a send, a receive and a wake of B's reader per datagram,
+// for nothing a client can see.
+//
+// So a datagram for a relayed address of this server is handed to that
+// allocation here, as if its relay socket had read it from the sender's
+// relayed address: the receiving allocation's channel bindings and
+// permissions apply as they would (a datagram it has no permission for is
+// dropped, as its reader would drop it), both allocations count it, and
+// client B receives byte for byte what the kernel's way would have
+// brought. Only the advertised relay IP is taken for this server's: a
+// port there with no allocation of ours may be another program's, and
+// the datagram goes to the kernel as before. Config.NoHairpin turns it
+// off (for the benchmark's comparison).
+
+// hairpin delivers payload to the allocation whose relayed address is
+// peer, from r's relayed address, and reports whether peer is one; the
+// caller then sends nothing. r has checked its own permission for peer
+// (a channel is bound, or the Send indication's permission held).
+func (r *relayConn) hairpin(payload []byte, peer netip.AddrPort) bool {
+	s := r.srv
+	if s.cfg.NoHairpin || peer.Addr() != s.relayIP {
+		return false
+	}
+	to := s.relays.atPort(int(peer.Port()))
+	if to == nil {
+		return false
+	}
+	r.upPackets.Add(1)
+	r.upBytes.Add(uint64(len(payload)))
+	r.hairpins.Add(1)
+	if len(payload) > maxDatagram {
+		return true // no relay socket would have sent it either
+	}
+	bp := s.hairpinBufs.Get().(*[]byte)
+	b := *bp
+	n := copy(b[relayHeadroom:], payload)
+	to.deliver(b, n, netip.AddrPortFrom(s.relayIP, uint16(r.port)))
+	s.hairpinBufs.Put(bp)
+	return true
+}
+
+// hairpinBuffer makes a buffer a hairpinned datagram is framed in (the
+// server's hairpinBufs): a relay buffer, with room for a Data
+// indication's header in front.
+func hairpinBuffer() any {
+	b := make([]byte, relayBufSize)
+	return &b
+}
