@@ -53,6 +53,7 @@ func run() error {
 	tlsCert := flag.String("tls-cert", "", "PEM certificate for -tls-listen")
 	tlsKey := flag.String("tls-key", "", "PEM private key for -tls-listen")
 	noGRO := flag.Bool("no-gro", false, "leave UDP_GRO off on the listener and the relay sockets (turn.Config.NoGRO), to measure what coalesced reads are worth")
+	noHairpin := flag.Bool("no-hairpin", false, "send datagrams between two allocations of the server through the kernel (turn.Config.NoHairpin), to measure what handing them over in the process is worth")
 	flag.Parse()
 
 	var prefixes []netip.Prefix
@@ -85,6 +86,7 @@ func run() error {
 		MaxAllocations: *maxAllocs,
 		SocketBuffer:   *socketBuffer,
 		NoGRO:          *noGRO,
+		NoHairpin:      *noHairpin,
 		MaxPerUser:     -1,
 		MaxPerIP:       -1,
 		Log:            slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
