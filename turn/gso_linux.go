@@ -346,37 +346,80 @@ func (q *sendQueue) sendmmsg(fd uintptr) bool {
 	return true
 }
 
-// segReader reads one datagram with recvmsg, and the segment size of a
-// GRO-coalesced one (UDP_GRO on the socket: the kernel hands a run of
-// equal-size datagrams from one sender over as one buffer, the last
-// segment possibly shorter). Its fields are the syscall's arguments,
-// kept so that nothing is allocated per read; one reader at a time.
+// segReader reads datagrams with recvmsg, or two at once with recvmmsg,
+// and the segment size of a GRO-coalesced one (UDP_GRO on the socket: the
+// kernel hands a run of equal-size datagrams from one sender over as one
+// buffer, the last segment possibly shorter). Its fields are the
+// syscalls' arguments, kept so that nothing is allocated per read; one
+// reader at a time.
+//
+// Why two at once: a socket's reader must read until the socket is empty
+// before it waits (Go's poller is edge-triggered), and at real-time rates
+// a wake finds one datagram, so the read that finds nothing would be a
+// second system call per datagram. A recvmmsg asking for two that brings
+// one has found the socket empty too: whatever arrives after it raises a
+// new readiness event.
 type segReader struct {
-	hdr  unix.Msghdr
-	iov  unix.Iovec
-	cmsg [4]uint64 // room for a UDP_GRO control message (an int)
-	rsa  syscall.RawSockaddrAny
+	msgs [2]unix.Mmsghdr
+	iov  [2]unix.Iovec
+	cmsg [2][4]uint64 // room for a UDP_GRO control message (an int) each
+	rsa  [2]syscall.RawSockaddrAny
 }
 
-// recv reads into room; seg is 0 unless the read was coalesced.
-func (r *segReader) recv(fd uintptr, room []byte) (n, seg int, errno syscall.Errno) {
-	r.iov.Base = &room[0]
-	r.iov.SetLen(len(room))
-	r.hdr = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&r.rsa)), Namelen: syscall.SizeofSockaddrAny, Iov: &r.iov}
-	r.hdr.SetIovlen(1)
-	r.hdr.Control = (*byte)(unsafe.Pointer(&r.cmsg[0]))
-	r.hdr.SetControllen(int(unsafe.Sizeof(r.cmsg)))
-	got, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&r.hdr)), 0)
-	if e != 0 {
-		return 0, 0, e
-	}
-	if int(r.hdr.Controllen) >= unix.CmsgLen(4) {
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&r.cmsg[0]))
+// readResult is one datagram a segReader read: its length, its segment
+// size (0 unless coalesced) and its sender.
+type readResult struct {
+	n, seg int
+	from   netip.AddrPort
+}
+
+// prepare points message i's header at room.
+func (r *segReader) prepare(i int, room []byte) {
+	r.iov[i].Base = &room[0]
+	r.iov[i].SetLen(len(room))
+	h := &r.msgs[i].Hdr
+	*h = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&r.rsa[i])), Namelen: syscall.SizeofSockaddrAny, Iov: &r.iov[i]}
+	h.SetIovlen(1)
+	h.Control = (*byte)(unsafe.Pointer(&r.cmsg[i][0]))
+	h.SetControllen(int(unsafe.Sizeof(r.cmsg[i])))
+	r.msgs[i].Len = 0
+}
+
+// result decodes message i after a read of n bytes into it.
+func (r *segReader) result(i, n int) readResult {
+	res := readResult{n: n, from: sockaddrAddrPort(&r.rsa[i])}
+	if int(r.msgs[i].Hdr.Controllen) >= unix.CmsgLen(4) {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&r.cmsg[i][0]))
 		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO {
-			seg = int(*(*int32)(unsafe.Pointer(uintptr(unsafe.Pointer(&r.cmsg[0])) + uintptr(unix.CmsgLen(0)))))
+			res.seg = int(*(*int32)(unsafe.Pointer(uintptr(unsafe.Pointer(&r.cmsg[i][0])) + uintptr(unix.CmsgLen(0)))))
 		}
 	}
-	return int(got), seg, 0
+	return res
+}
+
+// recv reads one datagram into room.
+func (r *segReader) recv(fd uintptr, room []byte) (readResult, syscall.Errno) {
+	r.prepare(0, room)
+	got, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0].Hdr)), 0)
+	if e != 0 {
+		return readResult{}, e
+	}
+	return r.result(0, int(got)), 0
+}
+
+// recvTwo reads up to two datagrams, into room and into second, in one
+// recvmmsg. count is how many came: 1 means the socket was found empty.
+func (r *segReader) recvTwo(fd uintptr, room, second []byte) (res [2]readResult, count int, errno syscall.Errno) {
+	r.prepare(0, room)
+	r.prepare(1, second)
+	got, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), 2, 0, 0, 0)
+	if e != 0 {
+		return res, 0, e
+	}
+	for i := range int(got) {
+		res[i] = r.result(i, int(r.msgs[i].Len))
+	}
+	return res, int(got), 0
 }
 
 // enableGRO asks the kernel to hand coalesced runs to this socket

@@ -258,31 +258,55 @@ func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
 	off := 0
 	for b.count < maxBatch && off+relayBufSize+groSlack <= len(b.arena) {
 		room := b.arena[off+relayHeadroom : off+relayHeadroom+maxDatagram+1]
-		n, seg, e := d.sr.recv(fd, room)
+		// A batch's first read asks for two (see segReader); the second
+		// lands beyond what the first can spread into and is moved up
+		// behind it. Only the first: two coalesced runs fill maxSlots.
+		second := off + relayBufSize + groSlack + relayHeadroom
+		var res [2]readResult
+		count, e := 1, syscall.Errno(0)
+		two := b.count == 0 && second+maxDatagram+1+3+groSlack <= len(b.arena)
+		if two {
+			res, count, e = d.sr.recvTwo(fd, room, b.arena[second:second+maxDatagram+1])
+		} else {
+			res[0], e = d.sr.recv(fd, room)
+		}
 		switch e {
 		case 0:
-			from := sockaddrAddrPort(&d.sr.rsa)
-			if seg <= 0 || n <= seg || n > maxDatagram {
-				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), from
-				b.count++
-				off += relayHeadroom + n + 3
-				continue
-			}
-			if (n+seg-1)/seg > maxBatch {
-				continue // more segments than the kernel coalesces: never seen
-			}
-			off = b.spread(off, n, seg, from)
-			d.groReads.Add(1)
-			continue
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
 			return true
+		default:
+			d.errno = e
+			return false
 		}
-		d.errno = e
-		return false
+		off = d.take(b, off, res[0])
+		if count == 2 {
+			copy(b.arena[off+relayHeadroom:], b.arena[second:second+res[1].n])
+			off = d.take(b, off, res[1])
+		}
+		if two && count < 2 {
+			return true // it found the socket empty
+		}
 	}
 	return false
+}
+
+// take adds the datagram read into the slot at off to the batch (a
+// coalesced run spread into slots of its own) and returns the offset
+// behind it.
+func (d *datagramReader) take(b *relayBatch, off int, r readResult) int {
+	n, seg := r.n, r.seg
+	if seg <= 0 || n <= seg || n > maxDatagram {
+		b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), r.from
+		b.count++
+		return off + relayHeadroom + n + 3
+	}
+	if (n+seg-1)/seg > maxBatch {
+		return off // more segments than the kernel coalesces: never seen
+	}
+	d.groReads.Add(1)
+	return b.spread(off, n, seg, r.from)
 }
 
 // spread splits a coalesced read of n bytes at off (segments of seg bytes,

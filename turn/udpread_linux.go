@@ -180,37 +180,59 @@ func (c *udpConn) readBatch(fd uintptr) (empty bool) {
 	off := 0
 	for b.count < maxBatch && off+maxDatagram+1 <= len(b.arena) {
 		room := b.arena[off : off+maxDatagram+1]
-		n, seg, e := c.sr.recv(fd, room)
+		// A batch's first read asks for two (see segReader); the second
+		// lands behind room for the biggest and is moved up behind the
+		// first. Only the first: two coalesced runs fill maxSlots.
+		second := off + maxDatagram + 1
+		var res [2]readResult
+		count, e := 1, syscall.Errno(0)
+		two := b.count == 0 && second+maxDatagram+1 <= len(b.arena)
+		if two {
+			res, count, e = c.sr.recvTwo(fd, room, b.arena[second:second+maxDatagram+1])
+		} else {
+			res[0], e = c.sr.recv(fd, room)
+		}
 		switch e {
 		case 0:
-			from := sockaddrAddrPort(&c.sr.rsa)
-			if seg <= 0 || n <= seg || n > maxDatagram {
-				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), from
-				b.count++
-				off += n
-				continue
-			}
-			if (n+seg-1)/seg > maxBatch {
-				continue // more segments than the kernel coalesces: never seen
-			}
-			// A coalesced run's segments are datagrams of their own, in
-			// place: nothing is written in front of them on this path.
-			for s := 0; s < n; s += seg {
-				b.off[b.count], b.n[b.count], b.from[b.count] = int32(off+s), int32(min(seg, n-s)), from
-				b.count++
-			}
-			off += n
-			c.groReads.Add(1)
-			continue
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
 			return true
+		default:
+			b.errno = e
+			return false
 		}
-		b.errno = e
-		return false
+		off = c.take(off, res[0])
+		if count == 2 {
+			copy(b.arena[off:], b.arena[second:second+res[1].n])
+			off = c.take(off, res[1])
+		}
+		if two && count < 2 {
+			return true // it found the socket empty
+		}
 	}
 	return false
+}
+
+// take adds the datagram read at off to the batch (a coalesced run's
+// segments as datagrams of their own, in place: nothing is written in
+// front of them on this path) and returns the offset behind it.
+func (c *udpConn) take(off int, r readResult) int {
+	b, n, seg := c.b, r.n, r.seg
+	if seg <= 0 || n <= seg || n > maxDatagram {
+		b.off[b.count], b.n[b.count], b.from[b.count] = int32(off), int32(n), r.from
+		b.count++
+		return off + n
+	}
+	if (n+seg-1)/seg > maxBatch {
+		return off // more segments than the kernel coalesces: never seen
+	}
+	for s := 0; s < n; s += seg {
+		b.off[b.count], b.n[b.count], b.from[b.count] = int32(off+s), int32(min(seg, n-s)), r.from
+		b.count++
+	}
+	c.groReads.Add(1)
+	return off + n
 }
 
 // add queues a ChannelData frame's payload for the peer bound to its
