@@ -195,10 +195,6 @@ func TestResign(t *testing.T) {
 	}
 }
 
-// maxIPv4Datagram is the biggest UDP payload over IPv4, which the tests'
-// loopback sockets use.
-const maxIPv4Datagram = 65535 - 20 - 8
-
 // withTLS gives the server a turns: listener on a self-signed certificate.
 func withTLS(t *testing.T, c *Config) {
 	c.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}

@@ -36,18 +36,26 @@ func (r *relayConn) hairpin(payload []byte, peer netip.AddrPort) bool {
 	if to == nil {
 		return false
 	}
+	if len(payload) > maxPeerDatagram(s.relayIP) {
+		return true // dropped: the relay socket's send would have refused it
+	}
 	r.upPackets.Add(1)
 	r.upBytes.Add(uint64(len(payload)))
 	r.hairpins.Add(1)
-	if len(payload) > maxDatagram {
-		return true // no relay socket would have sent it either
-	}
 	bp := s.hairpinBufs.Get().(*[]byte)
 	b := *bp
 	n := copy(b[relayHeadroom:], payload)
 	to.deliver(b, n, netip.AddrPortFrom(s.relayIP, uint16(r.port)))
 	s.hairpinBufs.Put(bp)
 	return true
+}
+
+// maxPeerDatagram is the biggest datagram a relay socket on ip can send.
+func maxPeerDatagram(ip netip.Addr) int {
+	if ip.Is4() {
+		return maxIPv4Datagram
+	}
+	return maxDatagram
 }
 
 // hairpinBuffer makes a buffer a hairpinned datagram is framed in (the

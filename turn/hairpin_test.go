@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/pion/stun/v3"
 
@@ -46,19 +45,11 @@ func mustOK(t *testing.T, c *turntest.STUNClient, method stun.Method, attrs ...s
 // "ch <number> <payload>" or "data <peer> <payload>".
 func nextFrame(t *testing.T, c *turntest.STUNClient) string {
 	t.Helper()
-	for {
-		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
-		if err != nil {
-			t.Fatalf("client: %v", err)
-		}
-		if frame[0]&0xC0 == 0x40 {
-			n := int(frame[2])<<8 | int(frame[3])
-			return fmt.Sprintf("ch %#x %q", int(frame[0])<<8|int(frame[1]), frame[4:4+n])
-		}
-		if peer, data, err := turntest.DataIndicationOf(frame); err == nil {
-			return fmt.Sprintf("data %v %q", peer, data)
-		}
+	r := turntest.NextRelayed(t, c)
+	if r.Channel != 0 {
+		return fmt.Sprintf("ch %#x %q", r.Channel, r.Data)
 	}
+	return fmt.Sprintf("data %v %q", r.Peer, r.Data)
 }
 
 // Two allocations of one server reach each other by channel both ways,
@@ -176,5 +167,29 @@ func TestHairpinNeedsThePermission(t *testing.T) {
 	}
 	if got := turntest.ReadPeer(t, other); string(got) != "to a program" {
 		t.Fatalf("the program on the relay IP got %q", got)
+	}
+}
+
+// The biggest datagram a relay socket sends to a peer over IPv4 is handed
+// over whole, and one byte more is dropped (the kernel refuses it), the
+// same both ways: a marker behind it is what arrives. Over TCP on both
+// sides, whose legs carry more than that.
+func TestHairpinDatagramLimit(t *testing.T) {
+	for _, noHairpin := range []bool{false, true} {
+		p := newHairpinPair(t, noHairpin, "tcp", "tcp")
+		mustOK(t, p.a, stun.MethodChannelBind, turntest.ChannelNumber(0x4000), turntest.PeerAddress(p.rb))
+		mustOK(t, p.b, stun.MethodChannelBind, turntest.ChannelNumber(0x4001), turntest.PeerAddress(p.ra))
+		edge := bytes.Repeat([]byte{1}, maxIPv4Datagram)
+		for _, f := range [][]byte{edge, make([]byte, maxIPv4Datagram+1), []byte("marker")} {
+			if err := p.a.Send(p.a.ChannelData(0x4000, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := nextFrame(t, p.b); got != fmt.Sprintf("ch 0x4001 %q", edge) {
+			t.Fatalf("NoHairpin %v: the biggest IPv4 datagram: %.30s…", noHairpin, got)
+		}
+		if got := nextFrame(t, p.b); got != `ch 0x4001 "marker"` {
+			t.Fatalf("NoHairpin %v: after one byte past the biggest: %.30s…, want the marker", noHairpin, got)
+		}
 	}
 }

@@ -113,6 +113,9 @@ const (
 	// maxDatagram is the biggest UDP payload (65,535 less the 8-byte UDP
 	// header; IPv4's header leaves 65,507, IPv6's 65,527).
 	maxDatagram = 65535 - 8
+	// maxIPv4Datagram is the biggest UDP payload over IPv4 (its 20-byte
+	// header less).
+	maxIPv4Datagram = 65535 - 20 - 8
 	// relayHeadroom is a Data indication's header: 20 bytes of STUN header,
 	// XOR-PEER-ADDRESS for IPv6 (4 + 20) and DATA's attribute header (4).
 	relayHeadroom = 20 + 24 + 4

@@ -62,6 +62,21 @@ func ReadPeer(t testing.TB, p *net.UDPConn) []byte {
 // Data indication data at the client, passing over any other frame.
 func NextFromPeer(t testing.TB, c *STUNClient) []byte {
 	t.Helper()
+	return NextRelayed(t, c).Data
+}
+
+// Relayed is what a client got from a peer: ChannelData on Channel, or a
+// Data indication (Channel 0) from Peer.
+type Relayed struct {
+	Channel uint16
+	Peer    netip.AddrPort
+	Data    []byte
+}
+
+// NextRelayed waits up to 2 s for the next ChannelData or Data indication
+// at the client, passing over any other frame.
+func NextRelayed(t testing.TB, c *STUNClient) Relayed {
+	t.Helper()
 	for {
 		frame, err := c.ReadFrame(time.Now().Add(2 * time.Second))
 		if err != nil {
@@ -69,10 +84,10 @@ func NextFromPeer(t testing.TB, c *STUNClient) []byte {
 		}
 		if frame[0]&0xC0 == 0x40 {
 			n := int(frame[2])<<8 | int(frame[3])
-			return frame[4 : 4+n]
+			return Relayed{Channel: uint16(frame[0])<<8 | uint16(frame[1]), Data: frame[4 : 4+n]}
 		}
-		if _, data, err := DataIndicationOf(frame); err == nil {
-			return data
+		if peer, data, err := DataIndicationOf(frame); err == nil {
+			return Relayed{Peer: peer, Data: data}
 		}
 	}
 }
