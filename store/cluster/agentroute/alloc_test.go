@@ -8,16 +8,28 @@ import (
 	"edgerelay/store/cluster/clustertest"
 )
 
-// TestAllocSend: a line sent across (a link's to a client's session, a
-// client's to the link) adds no allocation to a raw core NATS publish of
-// the same bytes in steady state (clustertest.PublishAllocs, 1 per message
-// here): the subjects are made once, the line is copied into the
-// connection's buffer.
+// countSink takes every line and only counts it (the test's sink copies
+// each line, an allocation of the test's).
+type countSink struct{ clustertest.Receiver }
+
+func (s *countSink) Deliver(line []byte)      { s.Got(line) }
+func (s *countSink) Offer(line []byte) []byte { s.Got(line); return nil }
+func (s *countSink) Overflowed()              {}
+func (s *countSink) Fenced()                  {}
+func (s *countSink) Detached([]byte)          {}
+func (s *countSink) Replaced()                {}
+
+// TestAllocSend: a line sent across (a link's to a client's session on
+// another node, a client's to the link) costs the process no more
+// allocations than a raw core NATS message between the same two nodes,
+// counted in the same run and in the same way (clustertest.RawHopAllocs):
+// the subjects are made once, the line is copied into the connection's
+// buffer, the receiving node hands nats.go's payload on.
 func TestAllocSend(t *testing.T) {
 	alloctest.SkipUnderRace(t)
 	nodes, rs := routers(t)
 	ctx := t.Context()
-	var link, c sink
+	var link, c countSink
 	hold, err := rs[0].Link(ctx, inst, &link)
 	if err != nil {
 		t.Fatal(err)
@@ -28,16 +40,23 @@ func TestAllocSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := bytes.Repeat([]byte("z"), 1<<10)
-	nobody := []byte(session(99))
-	floor := clustertest.PublishAllocs(nodes, line)
-	if n := testing.AllocsPerRun(2000, func() { hold.ToSession(nobody, line) }); n > floor {
-		t.Fatalf("ToSession: %.2f allocations per line, a raw publish %.2f", n, floor)
-	}
-	// The link's node receives these (its handler's queue takes each line
-	// from nats.go's Msg).
-	if n := testing.AllocsPerRun(2000, func() { a.ToInstance(line) }); n > floor+1 {
-		t.Fatalf("ToInstance with the link's node receiving: %.2f allocations per line, a raw publish %.2f", n, floor)
-	} else {
-		t.Logf("allocations per line: raw publish %.2f, ToInstance with the link's node receiving %.2f", floor, n)
+	sess := []byte(session(1))
+	// The session's interest reaches node 0 a moment after the attach.
+	clustertest.Warm(t, c.Seen, func() { hold.ToSession(sess, []byte("warm")) })
+	for _, k := range []struct {
+		name     string
+		from, to int
+		send     func()
+		arrived  func() int64
+	}{
+		{"ToSession", 0, 1, func() { hold.ToSession(sess, line) }, c.Arrived},
+		{"ToInstance", 1, 0, func() { a.ToInstance(line) }, link.Arrived},
+	} {
+		raw := clustertest.RawHopAllocs(t, nodes, k.from, k.to, line)
+		n := clustertest.AllocsPerHop(t, k.send, k.arrived)
+		t.Logf("%s across nodes: %.3f allocations per line, a raw message between the nodes %.3f", k.name, n, raw)
+		if n > raw+clustertest.HopSlack {
+			t.Errorf("%s across nodes: %.3f allocations per line, a raw message between the nodes %.3f", k.name, n, raw)
+		}
 	}
 }

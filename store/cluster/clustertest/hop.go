@@ -79,8 +79,9 @@ func (p *Probe) Count() int64 { return p.n.Load() }
 // to the probe of the run in progress, and notes that something arrived
 // at all (a warm-up's interest crossed the nodes).
 type Receiver struct {
-	probe atomic.Pointer[Probe]
-	seen  atomic.Bool
+	probe   atomic.Pointer[Probe]
+	seen    atomic.Bool
+	arrived atomic.Int64
 }
 
 // Got is a message arriving.
@@ -88,6 +89,7 @@ func (r *Receiver) Got(msg []byte) {
 	if !r.seen.Load() {
 		r.seen.Store(true)
 	}
+	r.arrived.Add(1)
 	if p := r.probe.Load(); p != nil {
 		p.got(msg)
 	}
@@ -95,6 +97,9 @@ func (r *Receiver) Got(msg []byte) {
 
 // Seen reports whether anything arrived yet.
 func (r *Receiver) Seen() bool { return r.seen.Load() }
+
+// Arrived is how many messages arrived so far, of any length.
+func (r *Receiver) Arrived() int64 { return r.arrived.Load() }
 
 // measure hands what arrives to p until the returned func is called.
 func (r *Receiver) measure(p *Probe) func() {
@@ -342,18 +347,3 @@ func (c Backpressure) Run(b *testing.B, frozen bool, to *Receiver, send func(), 
 	}
 	b.ReportMetric(float64(other.handed.Load()), "beside-msgs")
 }
-
-// PublishAllocs is a raw core NATS publish of msg through node 0 where
-// nobody listens, in allocations per message: the floor of a cross-node
-// message's allocation count, which is the whole process's (the embedded
-// servers' and the receiving router's included).
-func PublishAllocs(nodes *Nodes, msg []byte) float64 {
-	nc := nodes.Node(0).Conn()
-	return testing.AllocsPerRun(2000, func() { _ = nc.Publish("er.alloc.nobody", msg) })
-}
-
-// Received is what the receiving node's nats.go allocates per message
-// beyond the floor, as for any subscriber: the Msg and its payload's
-// copy (counted or not, as the receipt falls inside the counted window or
-// after it).
-const Received = 2
