@@ -59,6 +59,9 @@ type Options struct {
 	// reads them coalesced; coturn, without, one by one. 0: one datagram
 	// per send.
 	GSO int
+	// PeerGSO has the echo peers send back in GSO runs of GSO datagrams
+	// as well (see LoadOptions.PeerGSO): input coalesced on both legs.
+	PeerGSO bool
 	// BaselineNoGRO compares ours against ours started with UDP_GRO off
 	// (turnserve -no-gro) instead of against coturn; UDP only. With GSO
 	// runs, the baseline reads the same input a datagram at a time.
@@ -112,11 +115,11 @@ func (o Options) withDefaults() (Options, error) {
 			o.Window = 2 * o.GSO
 		}
 	}
-	if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: 120}).withDefaults(); err != nil {
+	if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, PeerGSO: o.PeerGSO, Window: o.Window, Payload: 120}).withDefaults(); err != nil {
 		return o, err
 	}
 	for _, p := range o.Payloads {
-		if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, Window: o.Window, Payload: p}).withDefaults(); err != nil {
+		if _, err := (LoadOptions{Transport: o.Transport, TLS: &tls.Config{}, GSO: o.GSO, PeerGSO: o.PeerGSO, Window: o.Window, Payload: p}).withDefaults(); err != nil {
 			return o, err
 		}
 	}
@@ -386,7 +389,7 @@ func measure(ctx context.Context, s *server, secret string, payload int, o Optio
 func (o Options) loadOptions(s *server, secret string, payload int, cert *benchCert) LoadOptions {
 	lo := LoadOptions{
 		Server: s.addr, Secret: secret, Payload: payload, Transport: o.Transport,
-		Allocations: o.Allocations, Window: o.Window, GSO: o.GSO,
+		Allocations: o.Allocations, Window: o.Window, GSO: o.GSO, PeerGSO: o.PeerGSO,
 	}
 	if cert != nil {
 		lo.Server, lo.TLS = s.tlsAddr, cert.client
@@ -394,8 +397,9 @@ func (o Options) loadOptions(s *server, secret string, payload int, cert *benchC
 	return lo
 }
 
-// LoadName says which load runs, in a word: udp, udp-gso16, tcp, tls
-// (and -vs-nogro with the GRO-off baseline).
+// LoadName says which load runs, in a word: udp, udp-gso16,
+// udp-gso16-both (the echo peers in runs too), tcp, tls (and -vs-nogro
+// with the GRO-off baseline).
 func (o Options) LoadName() string {
 	name := string(o.Transport)
 	if name == "" {
@@ -403,6 +407,9 @@ func (o Options) LoadName() string {
 	}
 	if o.GSO > 1 {
 		name = fmt.Sprintf("%s-gso%d", name, o.GSO)
+		if o.PeerGSO {
+			name += "-both"
+		}
 	}
 	if o.BaselineNoGRO {
 		name += "-vs-nogro"

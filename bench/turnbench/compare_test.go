@@ -10,7 +10,8 @@ import (
 
 // TestCompareSmoke runs one short round of each server at one payload for
 // each load: UDP one datagram per send, GRO-coalesced UDP input (GSO
-// runs), the same against ours with GRO off, TURN over TCP and over TLS:
+// runs from the clients, and from the echo peers too), the same against
+// ours with GRO off, TURN over TCP and over TLS:
 // the comparison's plumbing (building and pinning turnserve, starting
 // coturn, the load generator, CPU and malloc accounting) works end to end.
 // Each must relay and produce a ratio; TLS must negotiate the same suite
@@ -23,6 +24,7 @@ func TestCompareSmoke(t *testing.T) {
 	for _, o := range []Options{
 		{},
 		{GSO: 16},
+		{GSO: 16, PeerGSO: true},
 		{GSO: 16, BaselineNoGRO: true},
 		{Transport: TCP},
 		{Transport: TLS},
@@ -80,6 +82,7 @@ func TestOptionsRefuseImpossibleLoads(t *testing.T) {
 	for _, o := range []Options{
 		{GSO: 16, Transport: TCP},
 		{GSO: 16, Window: 24},
+		{PeerGSO: true}, // echo peers in runs without the clients'
 		{GSO: 65},
 		{GSO: 64, Payloads: []int{1200}}, // 64 × 1,204 bytes is past 65,507
 		{Transport: "quic"},

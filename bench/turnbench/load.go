@@ -56,6 +56,11 @@ type LoadOptions struct {
 	// one run. 0 or 1: one datagram per send. At most 64 (the kernel's
 	// UDP_MAX_SEGMENTS), and a run's bytes at most 65,507.
 	GSO int
+	// PeerGSO has the echo peers send back in GSO runs of GSO datagrams
+	// too (runPeer), so that input arrives coalesced on both of the
+	// server's legs; without it they send one datagram at a time. Needs
+	// GSO above 1.
+	PeerGSO bool
 	// Payload is the ChannelData payload in bytes, at least 16. Default 120.
 	Payload int
 	// Warmup runs before counting starts; Duration is the counted time.
@@ -107,6 +112,9 @@ func (o LoadOptions) withDefaults() (LoadOptions, error) {
 	}
 	if o.Payload < 16 || o.Payload > 1400 {
 		return o, fmt.Errorf("turnbench: payload %d: need 16 to 1400 bytes", o.Payload)
+	}
+	if o.PeerGSO && o.GSO <= 1 {
+		return o, errors.New("turnbench: echo peers in GSO runs need the clients' GSO runs (GSO above 1)")
 	}
 	if o.GSO > 1 {
 		if o.Transport != UDP {
@@ -163,7 +171,7 @@ func RunLoad(ctx context.Context, o LoadOptions) (LoadResult, error) {
 	}
 	var (
 		streams  []*stream
-		peers    []*turntest.EchoPeer
+		peers    []echoPeer
 		back     atomic.Uint64
 		tlsSuite string
 	)
@@ -181,7 +189,7 @@ func RunLoad(ctx context.Context, o LoadOptions) (LoadResult, error) {
 		// A peer per allocation: a server that relays in bursts must not
 		// overflow one shared socket's receive buffer (about a hundred
 		// datagrams by default) and have the generator count the loss.
-		peer, err := turntest.NewEchoPeer(netip.AddrPortFrom(o.Server.Addr(), 0).String())
+		peer, err := newEchoPeer(o)
 		if err != nil {
 			return LoadResult{}, err
 		}
@@ -440,6 +448,16 @@ func (s *stream) sendPendingLocked(now time.Time) {
 		i += n
 	}
 	s.pending = s.pending[:0]
+}
+
+// newEchoPeer is an echo peer on the server's loopback address, in GSO
+// runs with PeerGSO.
+func newEchoPeer(o LoadOptions) (echoPeer, error) {
+	at := netip.AddrPortFrom(o.Server.Addr(), 0)
+	if o.PeerGSO {
+		return newRunPeer(at, o.GSO)
+	}
+	return turntest.NewEchoPeer(at.String())
 }
 
 func unmapped(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }

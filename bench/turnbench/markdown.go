@@ -64,6 +64,8 @@ func firstLine(s string) string {
 // loadTitle names the load in a heading.
 func (o Options) loadTitle() string {
 	switch {
+	case o.GSO > 1 && o.PeerGSO:
+		return fmt.Sprintf("UDP, GRO-coalesced input on both legs (GSO runs of %d from clients and peers)", o.GSO)
 	case o.GSO > 1:
 		return fmt.Sprintf("UDP, GRO-coalesced input (GSO runs of %d)", o.GSO)
 	case o.Transport == TCP:
@@ -77,6 +79,12 @@ func (o Options) loadTitle() string {
 // loadDescription says how the load is made.
 func (o Options) loadDescription() string {
 	switch {
+	case o.GSO > 1 && o.PeerGSO:
+		return fmt.Sprintf("Each client sends its window as GSO runs of %d datagrams of the same size (one sendmsg with a UDP_SEGMENT "+
+			"control message), and each echo peer sends what it got back in runs of %d too (held at most %v while a run fills), "+
+			"whatever the shape the server sent it in. On loopback a run stays one buffer up to the receiving socket: ours, with "+
+			"UDP_GRO on its listener and relay sockets, reads it coalesced on both legs; %s, without, reads the datagrams one by one.",
+			o.GSO, o.GSO, runFlushAfter, o.baselineName())
 	case o.GSO > 1:
 		return fmt.Sprintf("Each client sends its window as GSO runs: %d datagrams of the same size per sendmsg with a UDP_SEGMENT "+
 			"control message, a run sent once %d of its window's slots are free. On loopback a run stays one buffer up to the "+

@@ -45,7 +45,14 @@ func turnLoads() []turnLoad {
 			name: fmt.Sprintf("UDP, GRO-coalesced input (GSO runs of %d)", turnGSO),
 			how: fmt.Sprintf("clients send their windows as UDP GSO runs of %d (UDP_SEGMENT), which loopback delivers as one buffer: "+
 				"our listener (UDP_GRO on) reads a run coalesced, coturn's one datagram at a time", turnGSO),
-			opts:  turnbench.Options{GSO: turnGSO},
+			opts: turnbench.Options{GSO: turnGSO},
+		},
+		{
+			name: fmt.Sprintf("UDP, GRO-coalesced input on both legs (GSO runs of %d from clients and echo peers)", turnGSO),
+			how: fmt.Sprintf("clients send their windows as UDP GSO runs of %d and the echo peers send back in runs of %d as well, "+
+				"whatever shape the server sent them in: our listener and relay sockets (UDP_GRO on) read runs coalesced, coturn's "+
+				"one datagram at a time", turnGSO, turnGSO),
+			opts:  turnbench.Options{GSO: turnGSO, PeerGSO: true},
 			goals: map[int]float64{120: 2.5, 1200: 2.5},
 		},
 		{
@@ -68,7 +75,7 @@ func turnLoads() []turnLoad {
 
 // turnLoadOptions are load i's options with the run's rounds and times:
 // the first load gets -turn-rounds of -turn-round, the others at most 5
-// rounds of half that, so that the five loads take about twice the time
+// rounds of half that, so that the other loads take about twice the time
 // of the first alone.
 func turnLoadOptions(s settings, bins servers, l turnLoad, i int, progress io.Writer) turnbench.Options {
 	o := l.opts

@@ -23,11 +23,11 @@ func TestTURNRows(t *testing.T) {
 			{Payload: 1200, Ours: side(200_000, 140_000, 0.7, 0.004, 3), Baseline: side(175_000, 150_000, 0.68, -1, 0), Ratio: 1.14, RoundRatio: 1.149},
 		},
 	}}
-	tcp := turnLoadResult{load: loads[2], rep: turnbench.Report{
+	tcp := turnLoadResult{load: loads[3], rep: turnbench.Report{
 		Options: turnbench.Options{Allocations: 8, Window: 16, Transport: turnbench.TCP},
 		Results: []turnbench.PayloadResult{{Payload: 120, Ours: side(90, 80, 0.5, 0, 0), Baseline: side(100, 90, 0.5, -1, 0), Ratio: 0.9, RoundRatio: 0.9}},
 	}}
-	gro := turnLoadResult{load: loads[4], rep: turnbench.Report{
+	gro := turnLoadResult{load: loads[5], rep: turnbench.Report{
 		Options: turnbench.Options{Allocations: 8, Window: 32, GSO: 16, BaselineNoGRO: true},
 		Results: []turnbench.PayloadResult{{Payload: 120, Ours: side(300, 200, 0.5, 0, 0), Baseline: side(100, 90, 0.9, 0.001, 0), Ratio: 3, RoundRatio: 3}},
 	}}
@@ -50,7 +50,7 @@ func TestTURNRows(t *testing.T) {
 		t.Errorf("pinning said wrongly:\n%s", out)
 	}
 
-	failed := turnLoadResult{load: loads[3], err: errors.New("turnserver not found")}
+	failed := turnLoadResult{load: loads[4], err: errors.New("turnserver not found")}
 	out = render(runInfo{date: time.Unix(0, 0)}, append(turnRows(turnResults{skipped: true}), turnRows(turnResults{loads: []turnLoadResult{failed}})...), "")
 	contains(t, out,
 		"| TURN relay vs coturn | skipped | skipped | — | — skipped (-turn=false) |",
@@ -72,7 +72,7 @@ func TestTURNSpread(t *testing.T) {
 	}
 }
 
-// The five loads of issue 17, the first with the run's rounds and time,
+// The six loads of issue 17, the first with the run's rounds and time,
 // the others fewer and shorter (turnbench's smoke test runs each load).
 func TestTURNLoadOptions(t *testing.T) {
 	s, err := parseSettings(nil, false)
@@ -80,8 +80,8 @@ func TestTURNLoadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	loads := turnLoads()
-	if len(loads) != 5 {
-		t.Fatalf("%d loads, want 5", len(loads))
+	if len(loads) != 6 {
+		t.Fatalf("%d loads, want 6", len(loads))
 	}
 	var names []string
 	for i, l := range loads {
@@ -98,7 +98,7 @@ func TestTURNLoadOptions(t *testing.T) {
 			t.Errorf("%s: %d rounds of %v, want %d of %v", l.name, o.Rounds, o.Duration, wantRounds, wantTime)
 		}
 	}
-	if got := strings.Join(names, " "); got != "udp udp-gso16 tcp tls udp-gso16-vs-nogro" {
+	if got := strings.Join(names, " "); got != "udp udp-gso16 udp-gso16-both tcp tls udp-gso16-vs-nogro" {
 		t.Errorf("loads %s", got)
 	}
 	quick, err := parseSettings(nil, true)

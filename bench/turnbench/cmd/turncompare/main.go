@@ -27,6 +27,7 @@ func main() {
 	flag.IntVar(&o.Allocations, "allocations", 8, "concurrent allocations")
 	flag.IntVar(&o.Window, "window", 0, "datagrams in flight per allocation (0: 16, or twice -gso)")
 	flag.IntVar(&o.GSO, "gso", 0, "send each client's window as GSO runs of this many datagrams (UDP_SEGMENT), so that input arrives GRO-coalesced where the server enabled UDP_GRO; 0: one datagram per send")
+	flag.BoolVar(&o.PeerGSO, "peer-gso", false, "with -gso, the echo peers send back in GSO runs of as many datagrams too, so that input arrives coalesced on both legs")
 	transport := flag.String("transport", "udp", "the clients' leg to the server: udp, tcp or tls (turns:)")
 	flag.IntVar(&o.ServerCPU, "server-cpu", 0, "core for the servers")
 	flag.IntVar(&o.LoadCPU, "load-cpu", 1, "core for the load generator")
