@@ -616,3 +616,87 @@ func TestRelayGRO(t *testing.T) {
 		})
 	}
 }
+
+// TestHairpinBatched: a burst from client a to the relayed addresses of
+// two other allocations of the server, queued while the listener's reader
+// was held, is handed over from the listener's batch: b (a channel bound
+// to a's relayed address) gets every datagram in order, framed with its
+// own channel number, as GSO runs from the listener (one by one by
+// sendmmsg without GSO); c (a permission only) gets Data indications naming
+// a's relayed address, framed in a copy; both allocations count exactly
+// what was handed over.
+func TestHairpinBatched(t *testing.T) {
+	for _, mode := range batchModes {
+		t.Run(mode.name, func(t *testing.T) {
+			hold := &upHold{}
+			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.noGSO, c.beforeUpRead = 4<<20, mode.noGSO, hold.before })
+			a, b, c := rawClient(t, s, "udp", "batched-a"), rawClient(t, s, "udp", "batched-b"), rawClient(t, s, "udp", "batched-c")
+			var relayed [3]netip.AddrPort
+			for i, cl := range []*turntest.STUNClient{a, b, c} {
+				var err error
+				if relayed[i], err = turntest.RelayedAddressOf(turntest.MustAllocate(t, cl)); err != nil {
+					t.Fatal(err)
+				}
+				if err := cl.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustOK(t, a, stun.MethodChannelBind, turntest.ChannelNumber(0x4000), turntest.PeerAddress(relayed[1]))
+			mustOK(t, a, stun.MethodChannelBind, turntest.ChannelNumber(0x4001), turntest.PeerAddress(relayed[2]))
+			mustOK(t, b, stun.MethodChannelBind, turntest.ChannelNumber(0x4abc), turntest.PeerAddress(relayed[0]))
+			mustOK(t, c, stun.MethodCreatePermission, turntest.PeerAddress(relayed[0]))
+
+			hold.mu.Lock()
+			before := hold.waiting.Load()
+			if err := a.Send(a.ChannelData(0x4FFF, payload(10, 1))); err != nil { // an unbound channel: dropped
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(3 * time.Second); hold.waiting.Load() == before; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the listener's reader never came back to the gate")
+				}
+			}
+			var toB, toC [][]byte
+			for i := range 90 {
+				size := 1200
+				if i%10 == 9 {
+					size = 300 + i // a run ends, shorter
+				}
+				toB = append(toB, payload(size, byte(i)))
+				if err := a.Send(a.ChannelData(0x4000, toB[i])); err != nil {
+					t.Fatal(err)
+				}
+				if i%30 == 0 {
+					toC = append(toC, payload(50+i, byte(i)))
+					if err := a.Send(a.ChannelData(0x4001, toC[len(toC)-1])); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			hold.mu.Unlock()
+
+			for i, want := range toB {
+				if r := turntest.NextRelayed(t, b); r.Channel != 0x4abc || !bytes.Equal(r.Data, want) {
+					t.Fatalf("datagram %d at b: channel %#x, %d bytes; want 0x4abc, %d bytes", i, r.Channel, len(r.Data), len(want))
+				}
+			}
+			for i, want := range toC {
+				if r := turntest.NextRelayed(t, c); r.Peer != relayed[0] || !bytes.Equal(r.Data, want) {
+					t.Fatalf("datagram %d at c: from %v, %d bytes; want a Data indication from %v, %d bytes", i, r.Peer, len(r.Data), relayed[0], len(want))
+				}
+			}
+			ra, rb, rc := relayOf(t, s, relayed[0].Port()), relayOf(t, s, relayed[1].Port()), relayOf(t, s, relayed[2].Port())
+			n := uint64(len(toB) + len(toC))
+			settle(func() bool {
+				return rb.downPackets.Load() == uint64(len(toB)) && rc.downPackets.Load() == uint64(len(toC))
+			})
+			if ra.hairpins.Load() != n || ra.upPackets.Load() != n || rb.downPackets.Load() != uint64(len(toB)) || rc.downPackets.Load() != uint64(len(toC)) {
+				t.Fatalf("handed over %d, sent %d, b's client got %d, c's %d; want %d, %d, %d, %d",
+					ra.hairpins.Load(), ra.upPackets.Load(), rb.downPackets.Load(), rc.downPackets.Load(), n, n, len(toB), len(toC))
+			}
+			if runs := rb.downRuns.Load(); mode.noGSO != (runs == 0) {
+				t.Errorf("%d GSO sends to b's client on the %s path", runs, mode.name)
+			}
+		})
+	}
+}

@@ -23,31 +23,57 @@ import "net/netip"
 // the datagram goes to the kernel as before. Config.NoHairpin turns it
 // off (for the benchmark's comparison).
 
+// hairpinTarget is the allocation of this server whose relayed address
+// is peer, or nil when peer is not one (the kernel carries the datagram).
+func (r *relayConn) hairpinTarget(peer netip.AddrPort) *relayConn {
+	s := r.srv
+	if s.cfg.NoHairpin || peer.Addr() != s.relayIP {
+		return nil
+	}
+	return s.relays.atPort(int(peer.Port()))
+}
+
+// handedOver counts a datagram of n bytes that r sent to another
+// allocation of this server.
+func (r *relayConn) handedOver(n int) {
+	r.upPackets.Add(1)
+	r.upBytes.Add(uint64(n))
+	r.hairpins.Add(1)
+}
+
+// relayedAddr is r's relayed transport address, the source its datagrams
+// have at a peer.
+func (r *relayConn) relayedAddr() netip.AddrPort {
+	return netip.AddrPortFrom(r.srv.relayIP, uint16(r.port))
+}
+
 // hairpin delivers payload to the allocation whose relayed address is
 // peer, from r's relayed address, and reports whether peer is one; the
 // caller then sends nothing. r has checked its own permission for peer
-// (a channel is bound, or the Send indication's permission held).
+// (a channel is bound, or the Send indication's permission held). The
+// listener's batches take the batched way instead (upQueue.handOver).
 func (r *relayConn) hairpin(payload []byte, peer netip.AddrPort) bool {
-	s := r.srv
-	if s.cfg.NoHairpin || peer.Addr() != s.relayIP {
-		return false
-	}
-	to := s.relays.atPort(int(peer.Port()))
+	to := r.hairpinTarget(peer)
 	if to == nil {
 		return false
 	}
-	if len(payload) > maxPeerDatagram(s.relayIP) {
+	if len(payload) > maxPeerDatagram(r.srv.relayIP) {
 		return true // dropped: the relay socket's send would have refused it
 	}
-	r.upPackets.Add(1)
-	r.upBytes.Add(uint64(len(payload)))
-	r.hairpins.Add(1)
+	r.handedOver(len(payload))
+	to.deliverCopy(payload, r.relayedAddr())
+	return true
+}
+
+// deliverCopy delivers payload from peer as the relay socket's reader
+// would, framed in a buffer of the server's pool.
+func (r *relayConn) deliverCopy(payload []byte, peer netip.AddrPort) {
+	s := r.srv
 	bp := s.hairpinBufs.Get().(*[]byte)
 	b := *bp
 	n := copy(b[relayHeadroom:], payload)
-	to.deliver(b, n, netip.AddrPortFrom(s.relayIP, uint16(r.port)))
+	r.deliver(b, n, peer)
 	s.hairpinBufs.Put(bp)
-	return true
 }
 
 // maxPeerDatagram is the biggest datagram a relay socket on ip can send.

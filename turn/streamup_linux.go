@@ -29,7 +29,7 @@ func (c *streamConn) relayChannelData(frame []byte) {
 		c.ups.q = u
 	}
 	if u.n == len(u.ups) {
-		u.flush(c.srv.out.gso)
+		u.flush(c.srv)
 	}
 	u.add(c.srv, c.t, frame)
 }
@@ -43,7 +43,7 @@ func (c *streamConn) flushUp() {
 	if u == nil {
 		return
 	}
-	u.flush(c.srv.out.gso)
+	u.flush(c.srv)
 	c.ups.q = nil
 	c.srv.upQueues.Put(u)
 }

@@ -68,11 +68,17 @@ func newUpQueue() *upQueue {
 	return u
 }
 
-// upEntry is a ChannelData payload for a relay socket's peer.
+// upEntry is a ChannelData payload from r's client for a peer: sent from
+// r's relay socket, or, when the peer is the relayed address of another
+// allocation of this server (to), handed over to it (hairpin.go), framed
+// in place over the ChannelData header it came with (frame: that header
+// and the payload).
 type upEntry struct {
 	r       *relayConn
 	peer    netip.AddrPort
 	payload []byte
+	to      *relayConn
+	frame   []byte
 }
 
 func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
@@ -155,7 +161,7 @@ func (c *udpConn) handle(p []byte) bool {
 			b.up.add(c.srv, t, pkt)
 			continue
 		}
-		b.up.flush(c.srv.out.gso) // what came before is relayed before what pion does next
+		b.up.flush(c.srv) // what came before is relayed before what pion does next
 		if c.srv.relaySend(t, pkt) {
 			continue
 		}
@@ -168,7 +174,7 @@ func (c *udpConn) handle(p []byte) bool {
 		c.resN, c.resAddr = copy(p, pkt), net.UDPAddrFromAddrPort(src)
 		return true
 	}
-	b.up.flush(c.srv.out.gso)
+	b.up.flush(c.srv)
 	return false
 }
 
@@ -259,40 +265,96 @@ func (u *upQueue) add(s *Server, t tuple, frame []byte) {
 	if !ok {
 		return
 	}
-	if r.hairpin(frame[4:4+length], peer) {
-		return // another allocation of ours: nothing for the kernel
+	e := upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
+	if e.to = r.hairpinTarget(peer); e.to != nil {
+		if length > maxPeerDatagram(s.relayIP) {
+			return // dropped: the relay socket's send would have refused it
+		}
+		e.frame = frame[:4+length] // another allocation of ours: nothing for the kernel
 	}
-	u.ups[u.n] = upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
+	u.ups[u.n] = e
 	u.n++
 }
 
-// flush sends the queued payloads, each relay socket's in one go, in the
-// order they came (relay sockets in the order of their first).
-func (u *upQueue) flush(gso *gsoState) {
+// flush sends the queued payloads, each relay socket's in one go, and
+// hands those for another allocation of this server over, each
+// allocation's in one go, in the order they came (relay sockets and
+// allocations in the order of their first).
+func (u *upQueue) flush(s *Server) {
 	for k := range u.n {
-		r := u.ups[k].r
-		if r == nil {
-			continue // sent with an earlier one of its relay
+		switch e := &u.ups[k]; {
+		case e.r == nil:
+			continue // sent with an earlier one of its relay or allocation
+		case e.to != nil:
+			u.handOver(s, k)
+		default:
+			u.sendUp(s.out.gso, k)
 		}
-		q := &u.q
-		q.start(r.reader.rc, r.reader.v6, gso, 0)
-		for m := k; m < u.n; m++ {
-			e := &u.ups[m]
-			if e.r != r {
-				continue
-			}
-			if !q.add(e.payload, e.peer) {
-				// Not batched (a zoned peer): on its own, after what is queued.
-				r.countUp(q.flush())
-				if _, err := r.UDPConn.WriteToUDPAddrPort(e.payload, e.peer); err == nil {
-					r.countUp(sent{packets: 1, bytes: uint64(len(e.payload))})
-				}
-			}
-			*e = upEntry{}
-		}
-		r.countUp(q.flush())
 	}
 	u.n = 0
+}
+
+// sendUp sends the payloads for the relay socket of entry k, from k on,
+// to their peers.
+func (u *upQueue) sendUp(gso *gsoState, k int) {
+	r := u.ups[k].r
+	q := &u.q
+	q.start(r.reader.rc, r.reader.v6, gso, 0)
+	for m := k; m < u.n; m++ {
+		e := &u.ups[m]
+		if e.r != r || e.to != nil {
+			continue
+		}
+		if !q.add(e.payload, e.peer) {
+			// Not batched (a zoned peer): on its own, after what is queued.
+			r.countUp(q.flush())
+			if _, err := r.UDPConn.WriteToUDPAddrPort(e.payload, e.peer); err == nil {
+				r.countUp(sent{packets: 1, bytes: uint64(len(e.payload))})
+			}
+		}
+		*e = upEntry{}
+	}
+	r.countUp(q.flush())
+}
+
+// handOver delivers the datagrams for the allocation of entry k, from k
+// on, as its relay socket's reader would have had them from their
+// senders' relayed addresses (hairpin.go). Those its client gets as
+// ChannelData over UDP are framed in place, over the ChannelData header
+// they came with, and leave from the listener as one batch (GSO runs);
+// the others (Data indications, a stream client) are framed in a copy.
+func (u *upQueue) handOver(s *Server, k int) {
+	to := u.ups[k].to
+	rt, d := to.routes.Load(), to.down.Load()
+	batched := rt != nil && d != nil && d.udp != nil && s.out != nil
+	q := &u.q
+	if batched {
+		q.start(s.out.rc, s.out.v6, s.out.gso, 4)
+	}
+	for m := k; m < u.n; m++ {
+		e := &u.ups[m]
+		if e.to != to {
+			continue
+		}
+		e.r.handedOver(len(e.payload))
+		from := e.r.relayedAddr()
+		number, bound := uint16(0), false
+		if batched {
+			number, bound = rt.byPeer[from]
+		}
+		if bound {
+			n := putChannelFrame(e.frame, number, len(e.payload), false)
+			if !q.add(e.frame[:n], d.client) {
+				to.sendDown(d, e.frame, number, len(e.payload))
+			}
+		} else {
+			to.deliverCopy(e.payload, from)
+		}
+		*e = upEntry{}
+	}
+	if batched {
+		to.countDown(q.flush())
+	}
 }
 
 // countUp adds what a flush sent to the allocation's counters.
