@@ -36,7 +36,7 @@
 # and per figure: ours, baseline, ratio with its spread, goal). Load
 # comparisons alternate the two sides round by round (ABBA), drop the
 # first round and report medians with the lowest and highest round.
-# about 29 minutes on 2 cores; flags pass through
+# about 30 minutes on 2 cores; flags pass through
 # (go run ./bench/cmd/benchreport -h lists them); QUICK=1 makes a short
 # smoke run (about 3 minutes, figures indicative only).
 set -euo pipefail
