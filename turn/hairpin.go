@@ -23,14 +23,22 @@ import "net/netip"
 // the datagram goes to the kernel as before. Config.NoHairpin turns it
 // off (for the benchmark's comparison).
 
-// hairpinTarget is the allocation of this server whose relayed address
-// is peer, or nil when peer is not one (the kernel carries the datagram).
-func (r *relayConn) hairpinTarget(peer netip.AddrPort) *relayConn {
+// hairpinTarget reports whether peer is the relayed address of an
+// allocation of this server (ours: the kernel carries nothing) and which
+// one takes a datagram of n bytes for it: nil when n is past what the
+// relay socket's send would take (the datagram is dropped).
+func (r *relayConn) hairpinTarget(peer netip.AddrPort, n int) (to *relayConn, ours bool) {
 	s := r.srv
 	if s.cfg.NoHairpin || peer.Addr() != s.relayIP {
-		return nil
+		return nil, false
 	}
-	return s.relays.atPort(int(peer.Port()))
+	if to = s.relays.atPort(int(peer.Port())); to == nil {
+		return nil, false
+	}
+	if n > maxPeerDatagram(s.relayIP) {
+		return nil, true
+	}
+	return to, true
 }
 
 // handedOver counts a datagram of n bytes that r sent to another
@@ -53,12 +61,9 @@ func (r *relayConn) relayedAddr() netip.AddrPort {
 // (a channel is bound, or the Send indication's permission held). The
 // listener's batches take the batched way instead (upQueue.handOver).
 func (r *relayConn) hairpin(payload []byte, peer netip.AddrPort) bool {
-	to := r.hairpinTarget(peer)
+	to, ours := r.hairpinTarget(peer, len(payload))
 	if to == nil {
-		return false
-	}
-	if len(payload) > maxPeerDatagram(r.srv.relayIP) {
-		return true // dropped: the relay socket's send would have refused it
+		return ours // dropped when ours: the relay socket's send would have refused it
 	}
 	r.handedOver(len(payload))
 	to.deliverCopy(payload, r.relayedAddr())

@@ -68,18 +68,18 @@ func newUpQueue() *upQueue {
 	return u
 }
 
-// upEntry is a ChannelData payload from r's client for a peer: sent from
-// r's relay socket, or, when the peer is the relayed address of another
-// allocation of this server (to), handed over to it (hairpin.go), framed
-// in place over the ChannelData header it came with (frame: that header
-// and the payload).
+// upEntry is a ChannelData frame from r's client for a peer (its header,
+// then its payload): the payload is sent from r's relay socket, or, when
+// the peer is the relayed address of another allocation of this server
+// (to), handed over to it (hairpin.go), framed in place over the header.
 type upEntry struct {
-	r       *relayConn
-	peer    netip.AddrPort
-	payload []byte
-	to      *relayConn
-	frame   []byte
+	r     *relayConn
+	peer  netip.AddrPort
+	frame []byte
+	to    *relayConn
 }
+
+func (e *upEntry) payload() []byte { return e.frame[4:] }
 
 func newUDPConn(c *net.UDPConn, s *Server) *udpConn {
 	u := &udpConn{UDPConn: c, srv: s, local: addrPort(c.LocalAddr()), b: &upBatch{arena: make([]byte, upArenaSize)}}
@@ -265,14 +265,11 @@ func (u *upQueue) add(s *Server, t tuple, frame []byte) {
 	if !ok {
 		return
 	}
-	e := upEntry{r: r, peer: peer, payload: frame[4 : 4+length]}
-	if e.to = r.hairpinTarget(peer); e.to != nil {
-		if length > maxPeerDatagram(s.relayIP) {
-			return // dropped: the relay socket's send would have refused it
-		}
-		e.frame = frame[:4+length] // another allocation of ours: nothing for the kernel
+	to, ours := r.hairpinTarget(peer, length)
+	if ours && to == nil {
+		return // dropped: the relay socket's send would have refused it
 	}
-	u.ups[u.n] = e
+	u.ups[u.n] = upEntry{r: r, peer: peer, frame: frame[:4+length], to: to}
 	u.n++
 }
 
@@ -305,11 +302,11 @@ func (u *upQueue) sendUp(gso *gsoState, k int) {
 		if e.r != r || e.to != nil {
 			continue
 		}
-		if !q.add(e.payload, e.peer) {
+		if !q.add(e.payload(), e.peer) {
 			// Not batched (a zoned peer): on its own, after what is queued.
 			r.countUp(q.flush())
-			if _, err := r.UDPConn.WriteToUDPAddrPort(e.payload, e.peer); err == nil {
-				r.countUp(sent{packets: 1, bytes: uint64(len(e.payload))})
+			if _, err := r.UDPConn.WriteToUDPAddrPort(e.payload(), e.peer); err == nil {
+				r.countUp(sent{packets: 1, bytes: uint64(len(e.payload()))})
 			}
 		}
 		*e = upEntry{}
@@ -336,19 +333,20 @@ func (u *upQueue) handOver(s *Server, k int) {
 		if e.to != to {
 			continue
 		}
-		e.r.handedOver(len(e.payload))
+		n := len(e.payload())
+		e.r.handedOver(n)
 		from := e.r.relayedAddr()
 		number, bound := uint16(0), false
 		if batched {
 			number, bound = rt.byPeer[from]
 		}
 		if bound {
-			n := putChannelFrame(e.frame, number, len(e.payload), false)
-			if !q.add(e.frame[:n], d.client) {
-				to.sendDown(d, e.frame, number, len(e.payload))
+			putChannelFrame(e.frame, number, n, false)
+			if !q.add(e.frame, d.client) {
+				to.sendDown(d, e.frame, number, n)
 			}
 		} else {
-			to.deliverCopy(e.payload, from)
+			to.deliverCopy(e.payload(), from)
 		}
 		*e = upEntry{}
 	}
