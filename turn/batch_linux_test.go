@@ -343,6 +343,26 @@ func (h *upHold) before() {
 	h.mu.Unlock() // only a gate: the test opens it
 }
 
+// shut closes the gate and waits until the listener's reader is held at
+// it: c sends a frame on an unbound channel (dropped), which the reader
+// reads and handles before it comes back to the gate.
+func (h *upHold) shut(t *testing.T, c *turntest.STUNClient) {
+	t.Helper()
+	h.mu.Lock()
+	before := h.waiting.Load()
+	if err := c.Send(c.ChannelData(0x4FFF, payload(10, 1))); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(3 * time.Second); h.waiting.Load() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener's reader never came back to the gate")
+		}
+	}
+}
+
+// open lets the held reader go on.
+func (h *upHold) open() { h.mu.Unlock() }
+
 // TestRelayBatchedUp relays a burst from a UDP client, queued while the
 // listener's reader was held, on both batched paths: ChannelData on two
 // channels (empty to the biggest a client's IPv4 datagram carries, runs
@@ -362,23 +382,14 @@ func TestRelayBatchedUp(t *testing.T) {
 
 			// Hold the reader: it reads a first datagram (dropped: an
 			// unbound channel), handles it and waits at the gate.
-			hold.mu.Lock()
-			before := hold.waiting.Load()
-			if err := c.Send(c.ChannelData(0x4FFF, payload(10, 1))); err != nil {
-				t.Fatal(err)
-			}
-			for deadline := time.Now().Add(3 * time.Second); hold.waiting.Load() == before; time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the listener's reader never came back to the gate")
-				}
-			}
+			hold.shut(t, c)
 			frames, want := upFrames(c, peers, items)
 			for _, f := range frames {
 				if err := c.Send(f); err != nil {
 					t.Fatal(err)
 				}
 			}
-			hold.mu.Unlock()
+			hold.open()
 
 			r := relayOf(t, s, relay.Port())
 			expectAtPeers(t, r, peers, want)
@@ -646,16 +657,7 @@ func TestHairpinBatched(t *testing.T) {
 			mustOK(t, b, stun.MethodChannelBind, turntest.ChannelNumber(0x4abc), turntest.PeerAddress(relayed[0]))
 			mustOK(t, c, stun.MethodCreatePermission, turntest.PeerAddress(relayed[0]))
 
-			hold.mu.Lock()
-			before := hold.waiting.Load()
-			if err := a.Send(a.ChannelData(0x4FFF, payload(10, 1))); err != nil { // an unbound channel: dropped
-				t.Fatal(err)
-			}
-			for deadline := time.Now().Add(3 * time.Second); hold.waiting.Load() == before; time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the listener's reader never came back to the gate")
-				}
-			}
+			hold.shut(t, a)
 			var toB, toC [][]byte
 			for i := range 90 {
 				size := 1200
@@ -673,7 +675,7 @@ func TestHairpinBatched(t *testing.T) {
 					}
 				}
 			}
-			hold.mu.Unlock()
+			hold.open()
 
 			for i, want := range toB {
 				if r := turntest.NextRelayed(t, b); r.Channel != 0x4abc || !bytes.Equal(r.Data, want) {
@@ -698,5 +700,95 @@ func TestHairpinBatched(t *testing.T) {
 				t.Errorf("%d GSO sends to b's client on the %s path", runs, mode.name)
 			}
 		})
+	}
+}
+
+// groBurst is what TestRelayGROQueued queues on each leg: coalesced runs
+// (the last segment shorter, one of the most segments the kernel
+// coalesces) between single datagrams, so that one read brings several
+// runs at once.
+func groBurst() [][]int {
+	run := func(k, size, last int) []int {
+		r := make([]int, k, k+1)
+		for i := range r {
+			r[i] = size
+		}
+		if last > 0 {
+			r = append(r, last)
+		}
+		return r
+	}
+	return [][]int{run(10, 1000, 0), {300}, run(maxBatch, 100, 0), {20}, run(4, 1200, 700), {5}, run(3, 50, 49), run(2, 1300, 0), {1}}
+}
+
+// TestRelayGROQueued: coalesced runs and single datagrams queued together
+// while the readers are held, both ways, so that a read brings several
+// runs (each spread into its own datagrams) and single datagrams in one
+// go: every datagram arrives whole and in order, and the counters count
+// exactly what was relayed.
+func TestRelayGROQueued(t *testing.T) {
+	holdDown, holdUp := make(chan struct{}), &upHold{}
+	s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads, c.beforeUpRead = 4<<20, holdDown, holdUp.before })
+	if !s.out.gso.on.Load() {
+		t.Skip("no UDP GSO in this kernel")
+	}
+	c := rawClient(t, s, "udp", "gro-queued")
+	if err := c.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := turntest.RelayedAddressOf(turntest.MustAllocate(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, _ := turntest.MustBindPeers(t, c, 0x4000)
+	if err := peer.SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	r := relayOf(t, s, relay.Port())
+
+	// Queue both legs: the relay socket's reader waits for holdDown, the
+	// listener's at holdUp's gate once it has handled a first datagram
+	// (dropped: an unbound channel).
+	holdUp.shut(t, c)
+	var up, down [][]byte
+	var upBytes, downBytes uint64
+	for _, sizes := range groBurst() {
+		var frames, datagrams [][]byte
+		for _, n := range sizes {
+			p := payload(n, byte(len(up)+len(frames)))
+			frames = append(frames, c.ChannelData(0x4000, p))
+			datagrams = append(datagrams, p)
+			upBytes += uint64(n)
+			downBytes += uint64(n)
+		}
+		sendGSO(t, c.Conn().(*net.UDPConn), netip.AddrPort{}, frames)
+		sendGSO(t, peer, relay, datagrams)
+		up, down = append(up, datagrams...), append(down, datagrams...)
+	}
+	holdUp.open()
+	close(holdDown)
+
+	for i, want := range up {
+		if got := turntest.ReadPeer(t, peer); !bytes.Equal(got, want) {
+			t.Fatalf("datagram %d to the peer: %d bytes (fill %x), want %d of %x", i, len(got), got[:min(len(got), 1)], len(want), want[:min(len(want), 1)])
+		}
+	}
+	for i, want := range down {
+		if got := turntest.NextFromPeer(t, c); !bytes.Equal(got, want) {
+			t.Fatalf("datagram %d to the client: %d bytes (fill %x), want %d of %x", i, len(got), got[:min(len(got), 1)], len(want), want[:min(len(want), 1)])
+		}
+	}
+	n := uint64(len(up))
+	settle(func() bool {
+		return r.upPackets.Load() == n && r.upBytes.Load() == upBytes && r.downPackets.Load() == n && r.downBytes.Load() == downBytes
+	})
+	if p, b := r.upPackets.Load(), r.upBytes.Load(); p != n || b != upBytes {
+		t.Errorf("to the peer: counted %d datagrams, %d bytes; want %d, %d", p, b, n, upBytes)
+	}
+	if p, b := r.downPackets.Load(), r.downBytes.Load(); p != n || b != downBytes {
+		t.Errorf("to the client: counted %d datagrams, %d bytes; want %d, %d", p, b, n, downBytes)
+	}
+	if s.udpConn.groReads.Load() == 0 || r.reader.groReads.Load() == 0 {
+		t.Errorf("coalesced reads: listener %d, relay %d", s.udpConn.groReads.Load(), r.reader.groReads.Load())
 	}
 }

@@ -359,25 +359,32 @@ func (q *sendQueue) sendmmsg(fd uintptr) bool {
 	return true
 }
 
-// segReader reads datagrams with recvmsg, or two at once with recvmmsg,
-// and the segment size of a GRO-coalesced one (UDP_GRO on the socket: the
+// segReader reads datagrams with recvmmsg, up to readVec at once, and
+// the segment size of a GRO-coalesced one (UDP_GRO on the socket: the
 // kernel hands a run of equal-size datagrams from one sender over as one
 // buffer, the last segment possibly shorter). Its fields are the
 // syscalls' arguments, kept so that nothing is allocated per read; one
 // reader at a time.
 //
-// Why two at once: a socket's reader must read until the socket is empty
-// before it waits (Go's poller is edge-triggered), and at real-time rates
-// a wake finds one datagram, so the read that finds nothing would be a
-// second system call per datagram. A recvmmsg asking for two that brings
-// one has found the socket empty too: whatever arrives after it raises a
-// new readiness event.
+// Why several at once: a socket's reader must read until the socket is
+// empty before it waits (Go's poller is edge-triggered), and a read that
+// brings fewer datagrams than it asked for has found the socket empty:
+// whatever arrives after it raises a new readiness event. Asking for one
+// at a time, every wake would end in a read that finds nothing, a system
+// call of its own; a wake that finds fewer than readVec datagrams costs
+// one system call in all.
 type segReader struct {
-	msgs [2]unix.Mmsghdr
-	iov  [2]unix.Iovec
-	cmsg [2][4]uint64 // room for a UDP_GRO control message (an int) each
-	rsa  [2]syscall.RawSockaddrAny
+	msgs [readVec]unix.Mmsghdr
+	iov  [readVec]unix.Iovec
+	cmsg [readVec][4]uint64 // room for a UDP_GRO control message (an int) each
+	rsa  [readVec]syscall.RawSockaddrAny
+	res  [readVec]readResult // the last read's datagrams
 }
+
+// readVec is the most datagrams one read asks for. Each needs room for
+// the biggest datagram (or coalesced run) until it is read, so a batch's
+// arena holds readVec such rooms behind its typical content.
+const readVec = 4
 
 // readResult is one datagram a segReader read: its length, its segment
 // size (0 unless coalesced) and its sender.
@@ -410,29 +417,22 @@ func (r *segReader) result(i, n int) readResult {
 	return res
 }
 
-// recv reads one datagram into room.
-func (r *segReader) recv(fd uintptr, room []byte) (readResult, syscall.Errno) {
-	r.prepare(0, room)
-	got, _, e := unix.RawSyscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0].Hdr)), 0)
-	if e != 0 {
-		return readResult{}, e
+// recvSlots reads up to k (at most readVec) datagrams in one recvmmsg,
+// datagram i into arena[at+i*stride:] with room bytes of room, and
+// reports how many came (their results in r.res): fewer than k means the
+// socket was found empty.
+func (r *segReader) recvSlots(fd uintptr, arena []byte, at, stride, room, k int) (int, syscall.Errno) {
+	for i := range k {
+		r.prepare(i, arena[at+i*stride:at+i*stride+room])
 	}
-	return r.result(0, int(got)), 0
-}
-
-// recvTwo reads up to two datagrams, into room and into second, in one
-// recvmmsg. count is how many came: 1 means the socket was found empty.
-func (r *segReader) recvTwo(fd uintptr, room, second []byte) (res [2]readResult, count int, errno syscall.Errno) {
-	r.prepare(0, room)
-	r.prepare(1, second)
-	got, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), 2, 0, 0, 0)
+	got, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(k), 0, 0, 0)
 	if e != 0 {
-		return res, 0, e
+		return 0, e
 	}
 	for i := range int(got) {
-		res[i] = r.result(i, int(r.msgs[i].Len))
+		r.res[i] = r.result(i, int(r.msgs[i].Len))
 	}
-	return res, int(got), 0
+	return int(got), 0
 }
 
 // enableGRO asks the kernel to hand coalesced runs to this socket

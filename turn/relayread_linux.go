@@ -20,17 +20,18 @@ const (
 	// kernel's cap on segments per GSO send.
 	maxBatch = 64
 	// maxSlots is the datagrams a batch may hold: reads stop at maxBatch,
-	// and the last read may be a GRO-coalesced run of up to 64 more.
-	maxSlots = 2 * maxBatch
+	// and the last read may bring readVec GRO-coalesced runs of up to 64
+	// each.
+	maxSlots = (1 + readVec) * maxBatch
 	// groSlack is the room a coalesced read's segments take beyond the
 	// read itself once spread into slots of their own.
 	groSlack = maxBatch * (relayHeadroom + 3)
 	// batchArenaSize holds a full batch of datagrams of typical WebRTC
-	// size (1,300 bytes with their headroom) behind which a datagram of
-	// the biggest size still fits: a read is only made into room for the
-	// biggest, so nothing is ever truncated for want of room; big
-	// datagrams just make smaller batches.
-	batchArenaSize = maxBatch*(relayHeadroom+1300) + relayBufSize + groSlack
+	// size (1,300 bytes with their headroom) behind which readVec
+	// datagrams of the biggest size still fit: a read is only made into
+	// room for the biggest, so nothing is ever truncated for want of room;
+	// big datagrams just make smaller batches.
+	batchArenaSize = maxBatch*(relayHeadroom+1300) + readVec*(relayBufSize+groSlack)
 )
 
 // relayBatch is one batch of datagrams read from a relay socket, each in
@@ -251,25 +252,23 @@ func (d *datagramReader) recvBatches(fd uintptr) bool {
 	}
 }
 
-// readBatch reads into b until EAGAIN (reported true), a full batch, an
-// arena with no room left for the biggest datagram, or an error (errno).
+// readBatch reads into b until the socket is found empty (reported
+// true), a full batch, an arena with no room left for the biggest
+// datagram, or an error (errno). A read asks for as many datagrams as the
+// arena has room for the biggest behind off (at most readVec): each lands
+// one stride further than the one before, past anything its predecessors
+// can spread into, and is moved up behind them.
 func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
+	const stride = relayBufSize + groSlack
 	b.count = 0
 	off := 0
-	for b.count < maxBatch && off+relayBufSize+groSlack <= len(b.arena) {
-		room := b.arena[off+relayHeadroom : off+relayHeadroom+maxDatagram+1]
-		// A batch's first read asks for two (see segReader); the second
-		// lands beyond what the first can spread into and is moved up
-		// behind it. Only the first: two coalesced runs fill maxSlots.
-		second := off + relayBufSize + groSlack + relayHeadroom
-		var res [2]readResult
-		count, e := 1, syscall.Errno(0)
-		two := b.count == 0 && second+maxDatagram+1+3+groSlack <= len(b.arena)
-		if two {
-			res, count, e = d.sr.recvTwo(fd, room, b.arena[second:second+maxDatagram+1])
-		} else {
-			res[0], e = d.sr.recv(fd, room)
+	for b.count < maxBatch {
+		k := min(readVec, (len(b.arena)-off)/stride)
+		if k == 0 {
+			return false
 		}
+		at := off + relayHeadroom
+		count, e := d.sr.recvSlots(fd, b.arena, at, stride, maxDatagram+1, k)
 		switch e {
 		case 0:
 		case syscall.EINTR:
@@ -280,13 +279,15 @@ func (d *datagramReader) readBatch(fd uintptr, b *relayBatch) (empty bool) {
 			d.errno = e
 			return false
 		}
-		off = d.take(b, off, res[0])
-		if count == 2 {
-			copy(b.arena[off+relayHeadroom:], b.arena[second:second+res[1].n])
-			off = d.take(b, off, res[1])
+		for i, r := range d.sr.res[:count] {
+			if i > 0 {
+				from := at + i*stride
+				copy(b.arena[off+relayHeadroom:], b.arena[from:from+r.n])
+			}
+			off = d.take(b, off, r)
 		}
-		if two && count < 2 {
-			return true // it found the socket empty
+		if count < k {
+			return true
 		}
 	}
 	return false

@@ -1,6 +1,7 @@
 package turn
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"syscall"
@@ -9,11 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestRecvTwoFindsTheSocketEmpty: a read asking for two that brings one
-// has emptied the socket (the reader waits without another system call);
-// one that brings two leaves the rest to the next reads, each datagram
-// whole, with its sender.
-func TestRecvTwoFindsTheSocketEmpty(t *testing.T) {
+// TestRecvSlotsFindsTheSocketEmpty: a read that brings fewer datagrams
+// than it asked for has emptied the socket (the reader waits without
+// another system call); one that brings all it asked for leaves the rest
+// to the next reads, each datagram whole, in its slot, with its sender.
+func TestRecvSlotsFindsTheSocketEmpty(t *testing.T) {
 	rx, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +31,8 @@ func TestRecvTwoFindsTheSocketEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sr segReader
-	room, second := make([]byte, 2048), make([]byte, 2048)
+	const at, stride, room = 10, 3000, 2048
+	arena := make([]byte, at+readVec*stride)
 	read := func(f func(fd uintptr)) {
 		// Control: the socket's fd without the poller's wait.
 		if err := rc.Control(f); err != nil {
@@ -39,31 +41,40 @@ func TestRecvTwoFindsTheSocketEmpty(t *testing.T) {
 	}
 	send := func(sizes ...int) {
 		for _, n := range sizes {
-			if _, err := tx.Write(make([]byte, n)); err != nil {
+			if _, err := tx.Write(bytes.Repeat([]byte{byte(n)}, n)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+	check := func(what string, got int, e syscall.Errno, want ...int) {
+		t.Helper()
+		if e != 0 || got != len(want) {
+			t.Fatalf("%s: %d read (%v), want %d", what, got, e, len(want))
+		}
+		for i, n := range want {
+			r, slot := sr.res[i], arena[at+i*stride:]
+			if r.n != n || r.from != from || !bytes.Equal(slot[:n], bytes.Repeat([]byte{byte(n)}, n)) || slot[n] != 0 {
+				t.Fatalf("%s: datagram %d %+v, want %d bytes from %v in its slot", what, i, r, n, from)
+			}
+		}
+		clear(arena)
+	}
 	send(100)
 	waitReadable(t, rx)
 	read(func(fd uintptr) {
-		res, count, e := sr.recvTwo(fd, room, second)
-		if e != 0 || count != 1 || res[0].n != 100 || res[0].from != from {
-			t.Fatalf("one queued: %d read (%v), first %+v; want 1 of 100 bytes from %v", count, e, res[0], from)
-		}
+		got, e := sr.recvSlots(fd, arena, at, stride, room, readVec)
+		check("one queued", got, e, 100)
 	})
-	send(300, 0, 7)
+	sizes := []int{300, 0, 7, 1500, 2048}
+	send(sizes[:readVec+1]...)
 	waitReadable(t, rx)
 	read(func(fd uintptr) {
-		res, count, e := sr.recvTwo(fd, room, second)
-		if e != 0 || count != 2 || res[0].n != 300 || res[1].n != 0 || res[1].from != from {
-			t.Fatalf("three queued: %d read (%v), %+v; want 300 and 0 bytes", count, e, res)
-		}
-		if r, e := sr.recv(fd, room); e != 0 || r.n != 7 {
-			t.Fatalf("the third: %+v (%v), want 7 bytes", r, e)
-		}
-		if _, e := sr.recv(fd, room); e != syscall.EAGAIN {
-			t.Fatalf("after all three: %v, want EAGAIN", e)
+		got, e := sr.recvSlots(fd, arena, at, stride, room, readVec)
+		check("one more than a read asks for", got, e, sizes[:readVec]...)
+		got, e = sr.recvSlots(fd, arena, at, stride, room, 1)
+		check("the last, asking for one", got, e, sizes[readVec])
+		if got, e := sr.recvSlots(fd, arena, at, stride, room, readVec); e != syscall.EAGAIN {
+			t.Fatalf("after all: %d read (%v), want EAGAIN", got, e)
 		}
 	})
 }

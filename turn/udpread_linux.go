@@ -37,8 +37,8 @@ type udpConn struct {
 }
 
 // upArenaSize holds a full batch of datagrams of typical WebRTC size
-// behind which the biggest datagram still fits (see batchArenaSize).
-const upArenaSize = maxBatch*1300 + maxDatagram + 1
+// behind which readVec of the biggest still fit (see batchArenaSize).
+const upArenaSize = maxBatch*1300 + readVec*(maxDatagram+1)
 
 // upBatch is one batch of datagrams read from the listener, and its
 // ChannelData payloads queued by allocation.
@@ -178,26 +178,23 @@ func (c *udpConn) handle(p []byte) bool {
 	return false
 }
 
-// readBatch reads a new batch until EAGAIN (reported true), a full batch,
-// an arena with no room left for the biggest datagram, or an error.
+// readBatch reads a new batch until the socket is found empty (reported
+// true), a full batch, an arena with no room left for the biggest
+// datagram, or an error. A read asks for as many datagrams as the arena
+// has room for the biggest behind off (at most readVec), each behind the
+// room of the one before; each is then moved up behind its predecessors.
 func (c *udpConn) readBatch(fd uintptr) (empty bool) {
+	const stride = maxDatagram + 1
 	b := c.b
 	b.count, b.next = 0, 0
 	off := 0
-	for b.count < maxBatch && off+maxDatagram+1 <= len(b.arena) {
-		room := b.arena[off : off+maxDatagram+1]
-		// A batch's first read asks for two (see segReader); the second
-		// lands behind room for the biggest and is moved up behind the
-		// first. Only the first: two coalesced runs fill maxSlots.
-		second := off + maxDatagram + 1
-		var res [2]readResult
-		count, e := 1, syscall.Errno(0)
-		two := b.count == 0 && second+maxDatagram+1 <= len(b.arena)
-		if two {
-			res, count, e = c.sr.recvTwo(fd, room, b.arena[second:second+maxDatagram+1])
-		} else {
-			res[0], e = c.sr.recv(fd, room)
+	for b.count < maxBatch {
+		k := min(readVec, (len(b.arena)-off)/stride)
+		if k == 0 {
+			return false
 		}
+		at := off
+		count, e := c.sr.recvSlots(fd, b.arena, at, stride, stride, k)
 		switch e {
 		case 0:
 		case syscall.EINTR:
@@ -208,13 +205,15 @@ func (c *udpConn) readBatch(fd uintptr) (empty bool) {
 			b.errno = e
 			return false
 		}
-		off = c.take(off, res[0])
-		if count == 2 {
-			copy(b.arena[off:], b.arena[second:second+res[1].n])
-			off = c.take(off, res[1])
+		for i, r := range c.sr.res[:count] {
+			if i > 0 {
+				from := at + i*stride
+				copy(b.arena[off:], b.arena[from:from+r.n])
+			}
+			off = c.take(off, r)
 		}
-		if two && count < 2 {
-			return true // it found the socket empty
+		if count < k {
+			return true
 		}
 	}
 	return false
