@@ -792,3 +792,47 @@ func TestRelayGROQueued(t *testing.T) {
 		t.Errorf("coalesced reads: listener %d, relay %d", s.udpConn.groReads.Load(), r.reader.groReads.Load())
 	}
 }
+
+// TestSendIndicationsBatched: Send indications a UDP client queued while
+// the listener's reader was held, or a TCP client wrote at once, leave for
+// their peer like ChannelData, as GSO runs, whole, in order (empty data
+// too) and counted exactly, with ChannelData between them in its place.
+func TestSendIndicationsBatched(t *testing.T) {
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			hold := &upHold{}
+			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.beforeUpRead = 4<<20, hold.before })
+			if !s.out.gso.on.Load() {
+				t.Skip("no UDP GSO in this kernel")
+			}
+			c := rawClient(t, s, network, "send-batched")
+			relay, peers := threePeers(t, c)
+			var items []burstItem
+			for i := range 70 {
+				items = append(items, burstItem{2, 1000})
+				if i == 30 {
+					items = append(items, burstItem{0, 10}, burstItem{1, 20})
+				}
+			}
+			items = append(items, burstItem{2, 500}, burstItem{2, 0}, burstItem{2, 7})
+			frames, want := upFrames(c, peers, items)
+			if network == "udp" {
+				hold.shut(t, c)
+				for _, f := range frames {
+					if err := c.Send(f); err != nil {
+						t.Fatal(err)
+					}
+				}
+				hold.open()
+			} else if err := c.Send(bytes.Join(frames, nil)); err != nil {
+				t.Fatal(err)
+			}
+			r := relayOf(t, s, relay.Port())
+			expectAtPeers(t, r, peers, want)
+			settle(func() bool { return r.upRuns.Load() > 0 })
+			if r.upRuns.Load() == 0 {
+				t.Error("no GSO send to the peers: the indications went one by one")
+			}
+		})
+	}
+}

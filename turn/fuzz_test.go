@@ -69,10 +69,14 @@ func FuzzParseSend(f *testing.F) {
 	f.Add(turntest.SendIndication(netip.MustParseAddrPort("[2001:db8::1]:9"), make([]byte, 1201)))
 	f.Add([]byte{0x00, 0x16, 0x00, 0x08, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x00, 0x13, 0x00, 0x09})
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		peer, data, ok := parseSend(raw)
+		peer, at, n, ok := parseSend(raw)
 		if !ok {
 			return
 		}
+		if at < 24 || at+n > len(raw) {
+			t.Fatalf("DATA at %d, %d bytes, in a message of %d: no room for its header or past the end", at, n, len(raw))
+		}
+		data := raw[at : at+n]
 		m := &stun.Message{Raw: append([]byte(nil), raw...)}
 		if m.Decode() != nil {
 			return // we are more lenient than a full decode (e.g. a short header length)

@@ -20,6 +20,23 @@ func (c *streamConn) relayChannelData(frame []byte) {
 		c.srv.relayUp(c.t, frame)
 		return
 	}
+	c.upQueue().add(c.srv, c.t, frame)
+}
+
+// relaySendIndication queues a Send indication's data for its peer, in
+// order with ChannelData, and reports whether msg was one. The message
+// must stay unchanged until flushUp.
+func (c *streamConn) relaySendIndication(msg []byte) bool {
+	if !c.ups.on || !isSendIndication(msg) {
+		return c.srv.relaySend(c.t, msg)
+	}
+	c.upQueue().addSend(c.srv, c.t, msg)
+	return true
+}
+
+// upQueue is the connection's queue with room for one more frame,
+// borrowed from the server's pool when it has none.
+func (c *streamConn) upQueue() *upQueue {
 	u := c.ups.q
 	if u == nil {
 		u, _ = c.srv.upQueues.Get().(*upQueue)
@@ -31,7 +48,7 @@ func (c *streamConn) relayChannelData(frame []byte) {
 	if u.n == len(u.ups) {
 		u.flush(c.srv)
 	}
-	u.add(c.srv, c.t, frame)
+	return u
 }
 
 // batchUp turns the queue on (a TCP connection).

@@ -10,6 +10,10 @@ type streamUps struct{}
 // relayChannelData relays a ChannelData frame from the client to its peer.
 func (c *streamConn) relayChannelData(frame []byte) { c.srv.relayUp(c.t, frame) }
 
+// relaySendIndication relays a Send indication's data to its peer and
+// reports whether msg was one.
+func (c *streamConn) relaySendIndication(msg []byte) bool { return c.srv.relaySend(c.t, msg) }
+
 // batchUp does nothing here.
 func (c *streamConn) batchUp() {}
 

@@ -128,10 +128,10 @@ func (c *streamConn) Read(p []byte) (int, error) {
 			c.relayChannelData(frame)
 			continue
 		}
-		c.flushUp() // the data that came before goes before what this message does
-		if c.srv.relaySend(c.t, frame) {
+		if c.relaySendIndication(frame) {
 			continue
 		}
+		c.flushUp() // the data that came before goes before what this message does
 		if c.srv.screen(c.t, frame, func(b []byte) { _, _ = c.Conn.Write(b) }) {
 			continue
 		}

@@ -31,66 +31,81 @@ func (s *Server) relayUp(t tuple, frame []byte) {
 }
 
 // relaySend relays the data of a Send indication (RFC 8656 §11.2) from a
-// client to a peer it holds a permission for. It reports whether msg was a
-// Send indication, which pion then must not see: pion would drop one
-// bigger than its 1,600-byte read buffer, and this path, unlike pion's,
-// allocates nothing. Indications carry no credentials; as in pion, the
-// permission is what authorizes the datagram, and one for no allocation,
-// without a permission or malformed is dropped.
+// client to a peer it holds a permission for, a datagram at a time (the
+// Linux listener and TCP connections queue them with ChannelData:
+// upQueue.addSend). It reports whether msg was a Send indication, which
+// pion then must not see: pion would drop one bigger than its 1,600-byte
+// read buffer, and this path, unlike pion's, allocates nothing.
 func (s *Server) relaySend(t tuple, msg []byte) bool {
-	if len(msg) < 20 || binary.BigEndian.Uint16(msg[0:2]) != sendIndication {
+	if !isSendIndication(msg) {
 		return false
 	}
-	r := s.relays.lookup(t)
-	if r == nil {
+	r, peer, frame := s.sendTarget(t, msg)
+	if r == nil || r.hairpin(frame[4:], peer) {
 		return true
 	}
-	peer, data, ok := parseSend(msg)
-	if !ok {
-		return true
-	}
-	if rt := r.routes.Load(); rt == nil || !rt.perms[peer.Addr()] {
-		return true
-	}
-	if r.hairpin(data, peer) {
-		return true
-	}
-	if _, err := r.UDPConn.WriteToUDPAddrPort(data, peer); err == nil {
+	if _, err := r.UDPConn.WriteToUDPAddrPort(frame[4:], peer); err == nil {
 		r.upPackets.Add(1)
-		r.upBytes.Add(uint64(len(data)))
+		r.upBytes.Add(uint64(len(frame) - 4))
 	}
 	return true
 }
 
+// isSendIndication reports whether msg is a Send indication, which pion
+// must not see: its data is relayed here (relaySend, upQueue.addSend).
+func isSendIndication(msg []byte) bool {
+	return len(msg) >= 20 && binary.BigEndian.Uint16(msg[0:2]) == sendIndication
+}
+
+// sendTarget finds where a Send indication's data goes: the allocation of
+// t and the peer, which it holds a permission for. frame is the data with
+// the 4 bytes in front of it, the DATA attribute's header, which a
+// hand-over may overwrite with a ChannelData header (the message is not
+// read again). Indications carry no credentials; as in pion, the
+// permission is what authorizes the datagram, and one for no allocation,
+// without a permission or malformed is dropped (r nil).
+func (s *Server) sendTarget(t tuple, msg []byte) (r *relayConn, peer netip.AddrPort, frame []byte) {
+	if r = s.relays.lookup(t); r == nil {
+		return nil, netip.AddrPort{}, nil
+	}
+	peer, at, n, ok := parseSend(msg)
+	if !ok {
+		return nil, netip.AddrPort{}, nil
+	}
+	if rt := r.routes.Load(); rt == nil || !rt.perms[peer.Addr()] {
+		return nil, netip.AddrPort{}, nil
+	}
+	return r, peer, msg[at-4 : at+n]
+}
+
 // parseSend finds a Send indication's XOR-PEER-ADDRESS (the first valid
-// one) and DATA (the first), as pion's decoder would; ok is false when either is missing or the message is malformed.
-// data is a slice of msg.
-func parseSend(msg []byte) (peer netip.AddrPort, data []byte, ok bool) {
+// one) and DATA (the first), as pion's decoder would: the data is msg[at:at+n].
+// ok is false when either is missing or the message is malformed.
+func parseSend(msg []byte) (peer netip.AddrPort, at, n int, ok bool) {
 	if len(msg) < 20 {
-		return netip.AddrPort{}, nil, false
+		return netip.AddrPort{}, 0, 0, false
 	}
 	end := min(20+int(binary.BigEndian.Uint16(msg[2:4])), len(msg))
 	hasData := false
 	for off := 20; off+4 <= end; {
 		typ := binary.BigEndian.Uint16(msg[off:])
-		n := int(binary.BigEndian.Uint16(msg[off+2:]))
-		if off+4+n > end {
-			return netip.AddrPort{}, nil, false // truncated attribute
+		size := int(binary.BigEndian.Uint16(msg[off+2:]))
+		if off+4+size > end {
+			return netip.AddrPort{}, 0, 0, false // truncated attribute
 		}
-		v := msg[off+4 : off+4+n]
 		switch typ {
 		case uint16(stun.AttrXORPeerAddress):
 			if !peer.IsValid() {
-				peer = xorPeerAddress(v, msg[4:20])
+				peer = xorPeerAddress(msg[off+4:off+4+size], msg[4:20])
 			}
 		case uint16(stun.AttrData):
 			if !hasData {
-				data, hasData = v, true
+				at, n, hasData = off+4, size, true
 			}
 		}
-		off += 4 + (n+3)&^3
+		off += 4 + (size+3)&^3
 	}
-	return peer, data, peer.IsValid() && hasData
+	return peer, at, n, peer.IsValid() && hasData
 }
 
 // xorPeerAddress decodes an XOR-PEER-ADDRESS value (RFC 8489 §14.2), XORed

@@ -161,10 +161,11 @@ func (c *udpConn) handle(p []byte) bool {
 			b.up.add(c.srv, t, pkt)
 			continue
 		}
-		b.up.flush(c.srv) // what came before is relayed before what pion does next
-		if c.srv.relaySend(t, pkt) {
+		if isSendIndication(pkt) {
+			b.up.addSend(c.srv, t, pkt)
 			continue
 		}
+		b.up.flush(c.srv) // what came before is relayed before what pion does next
 		if c.srv.screen(t, pkt, func(m []byte) { _, _ = c.UDPConn.WriteToUDPAddrPort(m, src) }) {
 			continue
 		}
@@ -264,11 +265,28 @@ func (u *upQueue) add(s *Server, t tuple, frame []byte) {
 	if !ok {
 		return
 	}
-	to, ours := r.hairpinTarget(peer, length)
+	u.queue(r, peer, frame[:4+length])
+}
+
+// addSend queues a Send indication's data (RFC 8656 §11.2) for the peer it
+// names, like ChannelData's, so that both leave in the order they came and
+// in the same batches; dropped as sendTarget says. msg must be a Send
+// indication (isSendIndication) and stay unchanged until the flush, which
+// may write over the 4 bytes in front of the data.
+func (u *upQueue) addSend(s *Server, t tuple, msg []byte) {
+	if r, peer, frame := s.sendTarget(t, msg); r != nil {
+		u.queue(r, peer, frame)
+	}
+}
+
+// queue adds frame, a 4-byte header and the payload for peer from r's
+// client, to be sent from r's relay socket or handed over.
+func (u *upQueue) queue(r *relayConn, peer netip.AddrPort, frame []byte) {
+	to, ours := r.hairpinTarget(peer, len(frame)-4)
 	if ours && to == nil {
 		return // dropped: the relay socket's send would have refused it
 	}
-	u.ups[u.n] = upEntry{r: r, peer: peer, frame: frame[:4+length], to: to}
+	u.ups[u.n] = upEntry{r: r, peer: peer, frame: frame, to: to}
 	u.n++
 }
 
