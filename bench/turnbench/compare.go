@@ -195,8 +195,11 @@ type PayloadResult struct {
 	Ours, Baseline Side
 	// Ratio is Ours.PerCoreSec / Baseline.PerCoreSec: above 1, ours relays
 	// more per core. RoundRatio is the median of the per-round ratios
-	// (robust to drift between rounds); ThroughputRatio compares PerSec.
+	// (robust to drift between rounds), RoundRatios those ratios, whose
+	// spread shows how far one round can be trusted; ThroughputRatio
+	// compares PerSec.
 	Ratio, RoundRatio, ThroughputRatio float64
+	RoundRatios                        []float64
 }
 
 // Report is the outcome of Compare.
@@ -316,7 +319,8 @@ func Compare(ctx context.Context, o Options) (rep Report, err error) {
 		pr := PayloadResult{Payload: payload, Ours: summarize(ours, runs[0]), Baseline: summarize(base, runs[1])}
 		pr.Ratio = pr.Ours.PerCoreSec / pr.Baseline.PerCoreSec
 		pr.ThroughputRatio = pr.Ours.PerSec / pr.Baseline.PerSec
-		pr.RoundRatio = abtest.RoundRatio(perCore(runs[0]), perCore(runs[1]))
+		pr.RoundRatios = abtest.RoundRatios(perCore(runs[0]), perCore(runs[1]))
+		pr.RoundRatio = abtest.Median(pr.RoundRatios)
 		rep.Results = append(rep.Results, pr)
 	}
 

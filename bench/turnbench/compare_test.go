@@ -63,8 +63,8 @@ func TestCompareSmoke(t *testing.T) {
 			if o.Transport == TLS && (r.Ours.TLSSuite == "" || r.Ours.TLSSuite != r.Baseline.TLSSuite) {
 				t.Errorf("TLS suites: ours %q, coturn %q", r.Ours.TLSSuite, r.Baseline.TLSSuite)
 			}
-			if r.Ratio <= 0 {
-				t.Errorf("ratio %v", r.Ratio)
+			if r.Ratio <= 0 || len(r.RoundRatios) != 1 || r.RoundRatio != r.RoundRatios[0] {
+				t.Errorf("ratio %v, per round %v (median %v)", r.Ratio, r.RoundRatios, r.RoundRatio)
 			}
 			md := rep.Markdown()
 			if !strings.Contains(md, o.loadTitle()) || !strings.Contains(md, "| 120 B |") {
@@ -96,5 +96,18 @@ func TestOptionsRefuseImpossibleLoads(t *testing.T) {
 	o, err := Options{GSO: 32}.withDefaults()
 	if err != nil || o.Window != 64 {
 		t.Errorf("GSO 32: window %d, %v; want 64", o.Window, err)
+	}
+}
+
+// TestMarkdownShowsTheRoundsSpread: the per-round ratio comes with the
+// smallest and largest of the rounds, so a reader sees how far apart they
+// were.
+func TestMarkdownShowsTheRoundsSpread(t *testing.T) {
+	rep := Report{Options: Options{Rounds: 4, Payloads: []int{120}}, Results: []PayloadResult{{
+		Payload: 120, Ratio: 1.1, RoundRatio: 1.05, RoundRatios: []float64{0.94, 1.2, 1.1},
+		Ours: Side{Name: "ours"}, Baseline: Side{Name: "coturn"},
+	}}}
+	if md := rep.Markdown(); !strings.Contains(md, "| **1.10×** | 1.05× [0.94–1.20×] |") {
+		t.Errorf("no spread of the rounds in:\n%s", md)
 	}
 }

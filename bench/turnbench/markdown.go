@@ -3,6 +3,8 @@ package turnbench
 import (
 	"fmt"
 	"strings"
+
+	"edgerelay/bench/benchfmt"
 )
 
 // Markdown renders the report as a section for bench/results.
@@ -29,11 +31,11 @@ func (r Report) Markdown() string {
 		"%d rounds per payload in ABBA order, the first a warm-up, %v counted per run; medians. "+
 		"Packets are datagrams relayed in either direction; per core-second is per second of the server process's CPU time.\n\n",
 		r.Options.Allocations, r.Options.Window, r.Options.Rounds, r.Options.Duration)
-	fmt.Fprintf(&b, "| payload | ours pkt/core-s | %[1]s pkt/core-s | ratio | per-round ratio | ours pkt/s | %[1]s pkt/s | ours core use | %[1]s core use | ours allocs/pkt | loss ours / %[1]s | kernel drops ours / %[1]s |\n", base)
+	fmt.Fprintf(&b, "| payload | ours pkt/core-s | %[1]s pkt/core-s | ratio | per-round ratio [spread] | ours pkt/s | %[1]s pkt/s | ours core use | %[1]s core use | ours allocs/pkt | loss ours / %[1]s | kernel drops ours / %[1]s |\n", base)
 	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Results {
-		fmt.Fprintf(&b, "| %d B | %.0f | %.0f | **%.2f×** | %.2f× | %.0f | %.0f | %.0f%% | %.0f%% | %.4f | %.4f%% / %.4f%% | %d / %d |\n",
-			p.Payload, p.Ours.PerCoreSec, p.Baseline.PerCoreSec, p.Ratio, p.RoundRatio,
+		fmt.Fprintf(&b, "| %d B | %.0f | %.0f | **%.2f×** | %s | %.0f | %.0f | %.0f%% | %.0f%% | %.4f | %.4f%% / %.4f%% | %d / %d |\n",
+			p.Payload, p.Ours.PerCoreSec, p.Baseline.PerCoreSec, p.Ratio, benchfmt.Times(p.RoundRatio)+benchfmt.RatioSpread(p.RoundRatios),
 			p.Ours.PerSec, p.Baseline.PerSec, 100*p.Ours.CoreUse, 100*p.Baseline.CoreUse,
 			p.Ours.AllocsPerPacket, 100*p.Ours.LossRate, 100*p.Baseline.LossRate, p.Ours.Drops, p.Baseline.Drops)
 	}
