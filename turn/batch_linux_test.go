@@ -66,13 +66,7 @@ func burst() (items []burstItem, tooBig int) {
 func TestRelayBatched(t *testing.T) {
 	for _, mode := range batchModes {
 		t.Run(mode.name, func(t *testing.T) {
-			hold := make(chan struct{})
-			s, _ := testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads, c.noGSO = 4<<20, hold, mode.noGSO })
-			c := rawClient(t, s, "udp", "batched")
-			if err := c.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
-				t.Fatal(err)
-			}
-			relay, peers := threePeers(t, c)
+			s, c, hold, relay, peers := heldRelay(t, mode.noGSO, "batched")
 			peer2 := peers[2]
 			items, tooBig := burst()
 			want := make([][]int, 3) // per peer: the sizes expected, in order
@@ -143,6 +137,21 @@ func TestRelayBatched(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldRelay starts a server whose relay readers wait until hold is
+// closed, on the GSO or the sendmmsg path, and a UDP client (label) with
+// an allocation and threePeers, every socket with room for a whole burst.
+func heldRelay(t *testing.T, noGSO bool, label string) (s *Server, c *turntest.STUNClient, hold chan struct{}, relay netip.AddrPort, peers []*net.UDPConn) {
+	t.Helper()
+	hold = make(chan struct{})
+	s, _ = testServer(t, func(c *Config) { c.SocketBuffer, c.holdRelayReads, c.noGSO = 4<<20, hold, noGSO })
+	c = rawClient(t, s, "udp", label)
+	if err := c.Conn().(*net.UDPConn).SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	relay, peers = threePeers(t, c)
+	return s, c, hold, relay, peers
 }
 
 func lens(got [][]int) []int { return []int{len(got[0]), len(got[1]), len(got[2])} }
@@ -832,6 +841,77 @@ func TestSendIndicationsBatched(t *testing.T) {
 			settle(func() bool { return r.upRuns.Load() > 0 })
 			if r.upRuns.Load() == 0 {
 				t.Error("no GSO send to the peers: the indications went one by one")
+			}
+		})
+	}
+}
+
+// TestDataIndicationsBatched: datagrams from a peer with only a permission,
+// queued while the relay socket's reader was held, reach the UDP client as
+// Data indications framed in place and sent batched (GSO runs, or one
+// sendmmsg without GSO), whole, in order (empty ones too), with
+// ChannelData between them in its place, and counted exactly.
+func TestDataIndicationsBatched(t *testing.T) {
+	for _, mode := range batchModes {
+		t.Run(mode.name, func(t *testing.T) {
+			s, c, hold, relay, peers := heldRelay(t, mode.noGSO, "data-batched")
+			peer2 := peers[2].LocalAddr().(*net.UDPAddr).AddrPort()
+			type datagram struct {
+				peer int
+				data []byte
+			}
+			var burst []datagram
+			for i := range 70 {
+				burst = append(burst, datagram{2, payload(1000, byte(i))})
+				if i == 30 {
+					burst = append(burst, datagram{0, payload(10, 1)}, datagram{1, payload(20, 2)})
+				}
+			}
+			burst = append(burst, datagram{2, payload(501, 3)}, datagram{2, nil}, datagram{2, payload(7, 4)})
+			var wantBytes uint64
+			for _, d := range burst {
+				if _, err := peers[d.peer].WriteToUDPAddrPort(d.data, relay); err != nil {
+					t.Fatal(err)
+				}
+				wantBytes += uint64(len(d.data))
+			}
+			close(hold)
+
+			// The socket reads its queue in order; peer 2's datagrams come
+			// in order among themselves, the channels' at their place.
+			var got []datagram
+			for range burst {
+				frame, err := c.ReadFrame(time.Now().Add(3 * time.Second))
+				if err != nil {
+					t.Fatalf("after %d of %d datagrams: %v", len(got), len(burst), err)
+				}
+				if frame[0]&0xC0 == 0x40 {
+					got = append(got, datagram{int(frame[1]), frame[4:]})
+					continue
+				}
+				from, data, err := turntest.DataIndicationOf(frame)
+				if err != nil || from != peer2 {
+					t.Fatalf("frame %x...: from %v (%v), want a Data indication from %v", frame[:min(len(frame), 24)], from, err, peer2)
+				}
+				if len(frame)%4 != 0 {
+					t.Fatalf("a Data indication of %d bytes: not padded to 4", len(frame))
+				}
+				got = append(got, datagram{2, data})
+			}
+			for i, want := range burst {
+				if got[i].peer != want.peer || !bytes.Equal(got[i].data, want.data) {
+					t.Fatalf("datagram %d: from peer %d, %d bytes; want peer %d, %d bytes", i, got[i].peer, len(got[i].data), want.peer, len(want.data))
+				}
+			}
+			r := relayOf(t, s, relay.Port())
+			settle(func() bool {
+				return r.downPackets.Load() == uint64(len(burst)) && r.downBytes.Load() == wantBytes && (mode.noGSO || r.downRuns.Load() > 0)
+			})
+			if p, b := r.downPackets.Load(), r.downBytes.Load(); p != uint64(len(burst)) || b != wantBytes {
+				t.Errorf("counted %d datagrams, %d bytes to the client; want %d, %d", p, b, len(burst), wantBytes)
+			}
+			if runs := r.downRuns.Load(); mode.noGSO != (runs == 0) {
+				t.Errorf("%d GSO sends on the %s path", runs, mode.name)
 			}
 		})
 	}

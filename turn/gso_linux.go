@@ -150,10 +150,11 @@ type sendQueue struct {
 	rc     syscall.RawConn
 	v6     bool
 	gso    *gsoState
-	header int // bytes of each datagram not counted as payload (a ChannelData header)
+	header int // bytes of a datagram not counted as payload, unless add says otherwise (a ChannelData header)
 
 	iov   [maxSlots]unix.Iovec
-	dst   [maxSlots]uint8 // index in names
+	over  [maxSlots]uint16 // each datagram's bytes not counted as payload
+	dst   [maxSlots]uint8  // index in names
 	count int
 	// names are the destinations, one per change of destination.
 	names   [maxSlots]unix.RawSockaddrInet6 // or RawSockaddrInet4s in their first bytes
@@ -184,7 +185,8 @@ func (q *sendQueue) init() {
 }
 
 // start empties the queue for datagrams sent from the socket rc (AF_INET6
-// if v6); header is the bytes of each not counted as payload.
+// if v6); header is the bytes of each not counted as payload, unless
+// addFramed says otherwise.
 func (q *sendQueue) start(rc syscall.RawConn, v6 bool, gso *gsoState, header int) {
 	q.rc, q.v6, q.gso, q.header = rc, v6, gso, header
 	q.count, q.nnames = 0, 0
@@ -194,6 +196,12 @@ func (q *sendQueue) start(rc syscall.RawConn, v6 bool, gso *gsoState, header int
 // It reports false, queueing nothing, for a destination the socket cannot
 // send to (another family) or one with a zone, left to the caller.
 func (q *sendQueue) add(datagram []byte, dst netip.AddrPort) bool {
+	return q.addFramed(datagram, dst, q.header)
+}
+
+// addFramed is add for a datagram of which over bytes are not payload (a
+// Data indication's header and padding among ChannelData frames).
+func (q *sendQueue) addFramed(datagram []byte, dst netip.AddrPort, over int) bool {
 	if q.nnames == 0 || dst != q.last {
 		a := dst.Addr()
 		if a.Zone() != "" || (!q.v6 && !a.Is4()) {
@@ -221,6 +229,7 @@ func (q *sendQueue) add(datagram []byte, dst netip.AddrPort) bool {
 		q.iov[q.count].Base = &datagram[0]
 	}
 	q.iov[q.count].SetLen(len(datagram))
+	q.over[q.count] = uint16(over)
 	q.dst[q.count] = uint8(q.nnames - 1)
 	q.count++
 	return true
@@ -299,7 +308,10 @@ func (q *sendQueue) sendRun(i, j, seg, total int) sent {
 	}
 	switch {
 	case q.errno == 0:
-		return sent{packets: uint64(j - i), bytes: uint64(total - q.header*(j-i)), runs: 1}
+		for k := i; k < j; k++ {
+			total -= int(q.over[k])
+		}
+		return sent{packets: uint64(j - i), bytes: uint64(total), runs: 1}
 	case gsoRefusal(q.errno):
 		q.gso.refused(q.errno, seg)
 		return q.sendEach(i, j)
@@ -345,7 +357,7 @@ func (q *sendQueue) sendmmsg(fd uintptr) bool {
 				continue
 			}
 			for k := q.pos; k < q.pos+int(n); k++ {
-				q.done.bytes += q.iov[k].Len - uint64(q.header)
+				q.done.bytes += q.iov[k].Len - uint64(q.over[k])
 			}
 			q.done.packets += uint64(n)
 			q.pos += int(n)

@@ -180,6 +180,19 @@ func putChannelHeader(p []byte, number uint16, n int) {
 // sendIndication sends the datagram in b[relayHeadroom:relayHeadroom+n] to
 // the client as a Data indication (RFC 8656 §11.3), built in front of it.
 func (r *relayConn) sendIndication(d *downstream, b []byte, n int, peer netip.AddrPort) {
+	m := putDataIndication(b, n, peer)
+	if m == nil || d.write(m) != nil {
+		return
+	}
+	r.downPackets.Add(1)
+	r.downBytes.Add(uint64(n))
+}
+
+// putDataIndication frames the datagram in b[relayHeadroom:relayHeadroom+n]
+// from peer as a Data indication, in place (its header in front, its
+// padding behind), and returns the message; nil for one too big to frame,
+// which only comes over IPv6.
+func putDataIndication(b []byte, n int, peer netip.AddrPort) []byte {
 	addrLen := 8
 	if peer.Addr().Is6() {
 		addrLen = 20
@@ -187,7 +200,7 @@ func (r *relayConn) sendIndication(d *downstream, b []byte, n int, peer netip.Ad
 	pad := (4 - n%4) % 4
 	length := 4 + addrLen + 4 + n + pad
 	if length > 0xFFFF {
-		return // cannot be framed; a datagram this big only comes over IPv6
+		return nil
 	}
 	m := b[relayHeadroom-(20+4+addrLen+4) : relayHeadroom+n+pad]
 	binary.BigEndian.PutUint16(m[0:2], dataIndication)
@@ -199,11 +212,7 @@ func (r *relayConn) sendIndication(d *downstream, b []byte, n int, peer netip.Ad
 	binary.BigEndian.PutUint16(a[0:2], uint16(stun.AttrData))
 	binary.BigEndian.PutUint16(a[2:4], uint16(n))
 	clear(a[4+n:])
-	if d.write(m) != nil {
-		return
-	}
-	r.downPackets.Add(1)
-	r.downBytes.Add(uint64(n))
+	return m
 }
 
 // STUN wire constants (RFC 8489 §5, RFC 8656 §17): the magic cookie, and

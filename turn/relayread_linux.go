@@ -78,16 +78,17 @@ func (r *relayConn) ReadFrom([]byte) (int, net.Addr, error) {
 	return 0, nil, r.reader.run(r.deliverBatch)
 }
 
-// deliverBatch relays a batch in the order read. ChannelData for a UDP
-// client is queued and sent batched. For a TCP or TLS client the frames,
+// deliverBatch relays a batch in the order read. ChannelData and Data
+// indications for a UDP client are framed in place, queued and sent
+// batched. For a TCP or TLS client the frames,
 // framed and padded in place, are moved together in the arena and written
 // at once, so that a batch costs one send (over TLS, one record per 16 KiB
 // instead of one per datagram, and one send per record); each frame moves
 // towards the arena's start, never past the start of its own slot (a slot
 // is longer than its padded frame), so the moves overwrite only frames
-// already moved and no slot still to be read. A Data indication first
-// sends what came before it, so the client gets every datagram in the
-// order the socket read them.
+// already moved and no slot still to be read. A Data indication for a
+// stream client first sends what came before it, so the client gets every
+// datagram in the order the socket read them.
 func (r *relayConn) deliverBatch(b *relayBatch) {
 	rt, d := r.routes.Load(), r.down.Load()
 	if rt == nil || d == nil {
@@ -118,10 +119,16 @@ func (r *relayConn) deliverBatch(b *relayBatch) {
 			r.sendDown(d, b.arena[at:], number, n)
 			continue
 		}
-		if rt.perms[peer.Addr()] {
-			r.flushDown(d, b, &run, batched)
-			r.sendIndication(d, slot, n, peer)
+		if !rt.perms[peer.Addr()] {
+			continue
 		}
+		if batched {
+			if m := putDataIndication(slot, n, peer); m != nil && q.addFramed(m, d.client, len(m)-n) {
+				continue
+			}
+		}
+		r.flushDown(d, b, &run, batched)
+		r.sendIndication(d, slot, n, peer)
 	}
 	r.flushDown(d, b, &run, batched)
 }
