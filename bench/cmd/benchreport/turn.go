@@ -216,7 +216,7 @@ func turnLoadRows(lr turnLoadResult) []row {
 				l.name, thousands(float64(p.Payload)), l.how, where, o.Allocations, o.Window, baselineName(o)),
 			Ours:     turnCell(p.Ours),
 			Baseline: turnCell(p.Baseline),
-			Ratio:    benchfmt.RoundRatio(p.RoundRatio, ratiosOf(turnPerCore(p.Ours), turnPerCore(p.Baseline)), p.Ratio),
+			Ratio:    benchfmt.RoundRatio(p.RoundRatio, p.RoundRatios, p.Ratio),
 			Goal:     goal,
 		})
 	}

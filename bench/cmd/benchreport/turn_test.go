@@ -64,7 +64,7 @@ func TestTURNSpread(t *testing.T) {
 		Payload:  120,
 		Ours:     turnbench.Side{Runs: []turnbench.Run{{Relayed: 10, CPU: time.Second}, {Relayed: 30, CPU: time.Second}}, PerCoreSec: 20, AllocsPerPacket: -1},
 		Baseline: turnbench.Side{Runs: []turnbench.Run{{Relayed: 10, CPU: time.Second}, {Relayed: 10, CPU: time.Second}}, PerCoreSec: 10, AllocsPerPacket: -1},
-		Ratio:    2, RoundRatio: 2,
+		Ratio:    2, RoundRatio: 2, RoundRatios: []float64{1, 3}, // as Compare makes them from the runs
 	}}}}}}
 	out := render(runInfo{date: time.Unix(0, 0)}, turnRows(tr), "")
 	if !strings.Contains(out, "| 20 [10–30] (0/s, 0% of a core, 0 drops) | 10 [10–10] (0/s, 0% of a core, 0 drops) | 2.00× [1.00–3.00×] (ratio of the medians 2.00×) |") {
