@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +27,9 @@ import (
 // many are refused, and once descriptors are free again connections are
 // served.
 func TestOutOfFDsRefusesPromptlyAndRecovers(t *testing.T) {
+	if inOwnProcess(t) {
+		return
+	}
 	logs := &syncBuffer{}
 	var calls atomic.Int64
 	h := listen(t, Limits{}, func(l *Listener) {
@@ -77,6 +82,9 @@ func TestOutOfFDsRefusesPromptlyAndRecovers(t *testing.T) {
 // a growing pause instead of spinning or giving up, and serves the
 // connection once a descriptor is free.
 func TestOutOfFDsWithoutSheddingBacksOff(t *testing.T) {
+	if inOwnProcess(t) {
+		return
+	}
 	var inner *countingListener
 	h := listen(t, Limits{}, func(l *Listener) {
 		inner = &countingListener{TCPListener: l.inner.(*net.TCPListener), calls: new(atomic.Int64)}
@@ -113,6 +121,9 @@ func TestOutOfFDsWithoutSheddingBacksOff(t *testing.T) {
 // TestCloseWhileOutOfFDs: closing the listener ends an Accept that is
 // waiting out the exhaustion, and gives the spare descriptor back.
 func TestCloseWhileOutOfFDs(t *testing.T) {
+	if inOwnProcess(t) {
+		return
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +170,9 @@ func TestCloseWhileOutOfFDs(t *testing.T) {
 // (here the shedding starts after the process recovered, as when
 // descriptors free up while it runs), and the reserve is held after.
 func TestSheddingServesOnceDescriptorsAreFree(t *testing.T) {
+	if inOwnProcess(t) {
+		return
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -295,6 +309,36 @@ func (c *rawClient) conn() net.Conn {
 	}
 	c.t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// ownProcessEnv names the test a child process of the test binary runs
+// (inOwnProcess).
+const ownProcessEnv = "NETLIMIT_TEST_OWN_PROCESS"
+
+// inOwnProcess runs the calling test again in a child process of the test
+// binary, alone, and reports true in the parent (which then returns; the
+// child's failure is the test's); in the child it reports false and the
+// test runs. Running out of descriptors is the whole process's state, so a
+// test that exhausts them must be the only thing in its process: a
+// descriptor that something left by an earlier test frees or takes while
+// the test runs (a finalizer closing a dropped connection, a timer closing
+// a parked one) changes what the listener may do, and a connection the
+// test expects shed is served instead.
+func inOwnProcess(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(ownProcessEnv) == t.Name() {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), ownProcessEnv+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in a process of its own: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("--- PASS: "+t.Name())) {
+		t.Fatalf("in a process of its own: the test did not run\n%s", out)
+	}
+	return true
 }
 
 // fdFiller holds descriptors so that the process has none left.
