@@ -55,8 +55,12 @@
 //   - A key looked up and not found in the mirror may have been written
 //     through another node a moment ago: the lookup then waits until the
 //     mirror has caught up with the bucket (one request to the stream's
-//     leader, shared by every miss that waits at the same time, bounded by
-//     missWait) and looks again. Hits cost nothing.
+//     leader for its last revision, shared by every miss that waits at the
+//     same time, bounded by missWait) and looks again. A watch that has not
+//     delivered up to that revision within watchGrace (a loaded node's
+//     watch has lagged more than a second) is not waited for: the catch-up
+//     reads the missing revisions from the leader itself. Hits cost
+//     nothing.
 //
 // KV keys hold only hex digests, relay-minted ids and the scope letter; the
 // API keys and device tokens themselves are never stored.
@@ -135,15 +139,25 @@ type Gateway struct {
 	bg          sync.WaitGroup // the watch supervisor and the watchers' readers
 
 	// The key mirror. rev is the KV revision each key id was last seen at
-	// (gone: deleted at), so that the watch and this node's own writes can
-	// apply in any order and the newest wins; watched is the highest
-	// revision of the bucket the watch has delivered (any scope): anything
-	// at or below it is known.
+	// (gone: deleted at), so that the watch, a catch-up's own reads and
+	// this node's own writes can apply in any order and the newest wins.
+	// known is the highest revision of the bucket (any scope) at or below
+	// which every record is in the mirror, delivered by the watch or read
+	// by a catch-up; watchAt is the highest the watch itself delivered,
+	// the supervisor's measure of its progress (a catch-up's reads must
+	// not hide a stalled watch: a revocation of a key the mirror holds is
+	// never a miss, so only the watch brings it).
 	mu      sync.RWMutex
 	byHash  map[store.Hash]*store.PushKey
 	byID    map[string]*mirrored
 	gone    map[string]uint64
-	watched uint64
+	known   uint64
+	watchAt uint64
+
+	// watchHold is held (written) by tests to stall the watch's delivery,
+	// as a loaded or partitioned node stalls it; the readers take it for
+	// reading around each entry.
+	watchHold sync.RWMutex
 }
 
 type mirrored struct {
@@ -277,8 +291,8 @@ func (g *Gateway) keyKey(id string) string { return g.prefix + id }
 func (g *Gateway) applyOwn(id string, rev uint64, k *store.PushKey) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if rev <= g.watched {
-		return // the watcher has applied it, or something newer
+	if rev <= g.known {
+		return // the watch or a catch-up has applied it, or something newer
 	}
 	g.apply(id, rev, k)
 }

@@ -9,10 +9,10 @@ import (
 	"edgerelay/store/cluster/clustertest"
 )
 
-// A registration that takes the slot after another one pointed it at its
-// key, but before that key exists, finds nothing to delete: the earlier
-// key must then delete itself, or two keys would hold one address.
-func TestRegistrationOvertakenBeforeItsKeyExists(t *testing.T) {
+// twoNodes opens the shared scope's key store on each node of a new
+// two-node cluster.
+func twoNodes(t *testing.T) []*Gateway {
+	t.Helper()
 	c := clustertest.Start(t, 2)
 	gs := make([]*Gateway, 2)
 	for i := range gs {
@@ -23,6 +23,14 @@ func TestRegistrationOvertakenBeforeItsKeyExists(t *testing.T) {
 		t.Cleanup(func() { _ = g.Close() })
 		gs[i] = g
 	}
+	return gs
+}
+
+// A registration that takes the slot after another one pointed it at its
+// key, but before that key exists, finds nothing to delete: the earlier
+// key must then delete itself, or two keys would hold one address.
+func TestRegistrationOvertakenBeforeItsKeyExists(t *testing.T) {
+	gs := twoNodes(t)
 	now := time.Now()
 	reg := func(id string) store.PushKey {
 		return store.PushKey{
@@ -51,5 +59,81 @@ func TestRegistrationOvertakenBeforeItsKeyExists(t *testing.T) {
 		if k, ok := g.KeyByID("overtaker"); !ok || !k.Enabled {
 			t.Fatalf("node %d: the overtaker's key %+v %v", i, k, ok)
 		}
+	}
+}
+
+// A node whose key watch lags (a loaded node's has lagged more than a
+// second) still finds a key created through another node a moment ago:
+// the lookup's catch-up reads the revisions the watch has not delivered
+// from the stream's leader, including a revision since replaced (read as
+// gone) and a delete. The watch's own progress is not advanced by those
+// reads, so its supervisor still sees it stalled.
+func TestCatchUpReadsWhatAStalledWatchLacks(t *testing.T) {
+	gs := twoNodes(t)
+	writer, lagging := gs[0], gs[1]
+	lagging.watchHold.Lock()
+	held := true
+	release := func() {
+		if held {
+			held = false
+			lagging.watchHold.Unlock()
+		}
+	}
+	t.Cleanup(release) // before the gateways close: cleanups run last first
+
+	now := time.Now()
+	newKey := func(id string) store.PushKey {
+		return store.PushKey{ID: id, Hash: sha256.Sum256([]byte(id)), Enabled: true, CreatedAt: now, Source: store.PushSourceAdmin}
+	}
+	fresh, disabled, revoked := newKey("fresh"), newKey("disabled"), newKey("revoked")
+	for _, k := range []store.PushKey{fresh, disabled, revoked} {
+		if err := writer.AddKey(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// disabled's first revision is replaced: the leader no longer has it.
+	if err := writer.SetKeyEnabled(disabled.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.DeleteKey(revoked.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	if k, ok := lagging.KeyByHash(fresh.Hash); !ok || k.ID != fresh.ID || !k.Enabled {
+		t.Fatalf("a key created through another node, looked up while this node's watch lags: %+v %v", k, ok)
+	}
+	if k, ok := lagging.byIDLocal(disabled.ID); !ok || k.Enabled {
+		t.Fatalf("a key disabled after its creation, read by the same catch-up: %+v %v, want it disabled", k, ok)
+	}
+	if _, ok := lagging.byIDLocal(revoked.ID); ok {
+		t.Fatal("a key created and revoked, read by the same catch-up, is in the mirror")
+	}
+	lagging.mu.RLock()
+	known, watchAt := lagging.known, lagging.watchAt
+	lagging.mu.RUnlock()
+	if watchAt >= known {
+		t.Fatalf("the catch-up's reads moved the watch's own progress (%d, known %d): a stalled watch would go unnoticed", watchAt, known)
+	}
+
+	// Released, the watch delivers the same records again, to no effect.
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lagging.mu.RLock()
+		watchAt = lagging.watchAt
+		lagging.mu.RUnlock()
+		if watchAt >= known {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the released watch reached %d, want %d", watchAt, known)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if k, ok := lagging.byIDLocal(disabled.ID); !ok || k.Enabled {
+		t.Fatalf("after the watch's replay: %+v %v", k, ok)
+	}
+	if _, ok := lagging.byIDLocal(revoked.ID); ok {
+		t.Fatal("after the watch's replay the revoked key is back")
 	}
 }

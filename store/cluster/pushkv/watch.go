@@ -2,6 +2,7 @@ package pushkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -59,7 +60,9 @@ func (g *Gateway) read(w jetstream.KeyWatcher, loaded chan struct{}) {
 				}
 				continue
 			}
+			g.watchHold.RLock()
 			g.applyWatched(e)
+			g.watchHold.RUnlock()
 		}
 		if loaded != nil {
 			close(loaded)
@@ -84,7 +87,7 @@ func (g *Gateway) supervise(w jetstream.KeyWatcher) {
 		case <-t.C:
 		}
 		g.mu.RLock()
-		at := g.watched
+		at := g.watchAt
 		g.mu.RUnlock()
 		ctx, cancel := context.WithTimeout(context.Background(), watchCheck)
 		info, err := g.keysStream.Info(ctx)
@@ -109,17 +112,24 @@ func (g *Gateway) supervise(w jetstream.KeyWatcher) {
 	}
 }
 
-// applyWatched applies one entry of the watch. A record that does not
+// applyWatched applies one entry of the watch.
+func (g *Gateway) applyWatched(e jetstream.KeyValueEntry) {
+	g.applyRecord(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value(), true)
+}
+
+// applyRecord applies the bucket's record of key at rev (deleted: a delete
+// or purge marker) and marks every revision up to rev known; the caller
+// applies a bucket's records in revision order. A record that does not
 // decode (only this package writes there) drops the key rather than
 // keeping an older version.
-func (g *Gateway) applyWatched(e jetstream.KeyValueEntry) {
+func (g *Gateway) applyRecord(key string, rev uint64, deleted bool, value []byte, watched bool) {
 	var id string
 	var k *store.PushKey
-	mine := strings.HasPrefix(e.Key(), g.prefix)
+	mine := strings.HasPrefix(key, g.prefix)
 	if mine {
-		id = e.Key()[len(g.prefix):]
-		if e.Operation() == jetstream.KeyValuePut {
-			if rec, err := store.DecodePushKey(e.Value()); err == nil {
+		id = key[len(g.prefix):]
+		if !deleted {
+			if rec, err := store.DecodePushKey(value); err == nil {
 				k = &rec
 			}
 		}
@@ -127,15 +137,16 @@ func (g *Gateway) applyWatched(e jetstream.KeyValueEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if mine {
-		g.apply(id, e.Revision(), k)
+		g.apply(id, rev, k)
 		if k == nil {
-			// The watch has passed this delete: a stale write of this node
-			// is at or below watched now, so the tombstone has done its work.
+			// The mirror has passed this delete: a stale write of this node
+			// is at or below known now, so the tombstone has done its work.
 			delete(g.gone, id)
 		}
 	}
-	if e.Revision() > g.watched {
-		g.watched = e.Revision()
+	g.known = max(g.known, rev)
+	if watched {
+		g.watchAt = max(g.watchAt, rev)
 	}
 }
 
@@ -189,8 +200,30 @@ func (g *Gateway) runCatchUps() {
 	}
 }
 
-// waitCaughtUp asks the leader for the bucket's last revision and waits
-// until the watch has delivered it.
+// watchGrace is how long a catch-up lets the watch deliver the revisions
+// it lacks before reading them itself: a live watch on a calm node
+// delivers in a millisecond or two, but a loaded 2-core node's watch was
+// seen more than a second behind.
+const watchGrace = 20 * time.Millisecond
+
+// maxDirect bounds the revisions one catch-up reads itself, one request
+// each; a watch further behind than that is waited for instead (it
+// delivers far faster than requests one by one, and the key bucket is
+// written rarely, so a gap that long means the watch is being replaced).
+const maxDirect = 64
+
+// The header of a KV record's stream message that marks a delete or purge
+// (the jetstream package keeps its names unexported); a put has none.
+const (
+	kvOpHeader = "KV-Operation"
+	kvOpDelete = "DEL"
+	kvOpPurge  = "PURGE"
+)
+
+// waitCaughtUp asks the leader for the bucket's last revision and returns
+// once the mirror holds every record up to it: delivered by the watch, or,
+// when the watch has not delivered them within watchGrace, read from the
+// leader by readMissing.
 func (g *Gateway) waitCaughtUp() {
 	ctx, cancel := context.WithTimeout(context.Background(), missWait)
 	defer cancel()
@@ -198,11 +231,14 @@ func (g *Gateway) waitCaughtUp() {
 	if err != nil {
 		return
 	}
+	last := info.State.LastSeq
+	grace := time.NewTimer(watchGrace)
+	defer grace.Stop()
 	for {
 		g.mu.RLock()
-		at := g.watched
+		at := g.known
 		g.mu.RUnlock()
-		if at >= info.State.LastSeq {
+		if at >= last {
 			return
 		}
 		select {
@@ -210,7 +246,35 @@ func (g *Gateway) waitCaughtUp() {
 			return
 		case <-g.stop:
 			return
+		case <-grace.C:
+			if last-at <= maxDirect {
+				g.readMissing(ctx, at, last)
+				return
+			}
 		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// readMissing reads the bucket's records after revision from up to last
+// from the stream's leader (the bucket has AllowDirect off, so a lagging
+// follower never answers) and applies them in order. A revision the
+// leader no longer has was replaced by a later record of its key (the
+// bucket keeps one per key) or expired: there is nothing to apply. It
+// stops at the first other error; the watch brings the rest.
+func (g *Gateway) readMissing(ctx context.Context, from, last uint64) {
+	subjectPrefix := "$KV." + keysBucket + "."
+	for rev := from + 1; rev <= last; rev++ {
+		msg, err := g.keysStream.GetMsg(ctx, rev)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			g.applyRecord("", rev, true, nil, false)
+		case err != nil:
+			return
+		default:
+			op := msg.Header.Get(kvOpHeader)
+			g.applyRecord(strings.TrimPrefix(msg.Subject, subjectPrefix), rev,
+				op == kvOpDelete || op == kvOpPurge, msg.Data, false)
 		}
 	}
 }
