@@ -104,26 +104,26 @@ func MarkIdle(c net.Conn, idle bool) {
 // connection back to be parked (errParked).
 func (c *conn) Read(b []byte) (int, error) {
 	if c.idle.Load() {
-		return c.readNext(b, c.Conn)
+		return c.readNext(b, nil)
 	}
-	return c.Conn.Read(b)
+	return c.sysRead(b)
 }
 
 // readNext is the first read of the next request on an idle keep-alive
-// connection, through r: the connection itself, or the TLS above it (a
-// read that times out leaves crypto/tls's state as it was: it takes a
-// timeout for a temporary error).
+// connection, through r: the TLS above it (a read that times out leaves
+// crypto/tls's state as it was: it takes a timeout for a temporary
+// error), or, when nil, the connection itself.
 func (c *conn) readNext(b []byte, r io.Reader) (int, error) {
 	c.idle.Store(false) // one read only: the next is the server's own
 	by := c.readBy.Load()
 	until := c.l.now().Add(c.l.parking.linger)
 	if by != 0 && by <= until.UnixNano() {
-		return r.Read(b) // the idle time ends first: no parking for so short a wait
+		return c.readVia(r, b) // the idle time ends first: no parking for so short a wait
 	}
 	if err := c.Conn.SetReadDeadline(until); err != nil {
 		return 0, err
 	}
-	n, err := r.Read(b)
+	n, err := c.readVia(r, b)
 	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.handoff.Store(parkAtClose)
 		return 0, errParked
@@ -133,6 +133,14 @@ func (c *conn) readNext(b []byte, r io.Reader) (int, error) {
 		err = derr
 	}
 	return n, err
+}
+
+// readVia reads through r, or the connection itself when r is nil.
+func (c *conn) readVia(r io.Reader, b []byte) (int, error) {
+	if r == nil {
+		return c.sysRead(b)
+	}
+	return r.Read(b)
 }
 
 // handOver is Close on a connection its server let go to be parked: the

@@ -108,6 +108,8 @@ type Listener struct {
 	// parking, when not nil, keeps connections until their first byte
 	// (SetParker, park.go).
 	parking *parking
+	// ops are the connections' reads and writes in flight (sysio_linux.go).
+	ops *sync.Pool
 
 	mu     sync.Mutex
 	open   int
@@ -132,7 +134,7 @@ func New(ln net.Listener, lim Limits, c Counters) *Listener {
 	if !(lim.AcceptRate > 0) || math.IsInf(lim.AcceptRate, 0) {
 		lim.AcceptRate = 0
 	}
-	l := &Listener{inner: ln, lim: lim, counters: c, now: time.Now}
+	l := &Listener{inner: ln, lim: lim, counters: c, now: time.Now, ops: newSysOps()}
 	l.queue, l.raw = dupListener(ln)
 	l.fds = newFDGuard(l.raw != nil)
 	if lim.AcceptRate > 0 {
@@ -212,7 +214,7 @@ func (l *Listener) acceptAdmitted() (*conn, error) {
 			c.Close()
 			continue
 		}
-		return &conn{Conn: c, l: l, ip: ip, tracked: tracked}, nil
+		return &conn{Conn: c, rc: rawConnOf(c), l: l, ip: ip, tracked: tracked}, nil
 	}
 }
 
@@ -337,6 +339,7 @@ func remoteIP(c net.Conn) (netip.Addr, bool) {
 // until it is closed.
 type conn struct {
 	net.Conn
+	rc       syscall.RawConn // reads and writes go through it when not nil (sysio_linux.go)
 	l        *Listener
 	ip       netip.Addr
 	tracked  bool

@@ -4,12 +4,14 @@ package park
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,8 +22,21 @@ const maxEvents = 256
 // A Set holds sockets waiting to become readable. One Set serves any
 // number of sockets of any number of services; it runs one goroutine
 // until Close.
+//
+// The set's epoll instance is itself registered with the runtime's
+// netpoller (an epoll set is readable while events are ready in it), and
+// its goroutine harvests events with non-blocking epoll_wait calls made
+// as raw syscalls, parking in the netpoller in between, like a socket's
+// reader. A blocking epoll_wait would take the scheduler's syscall path,
+// which wakes the runtime's monitor thread (sysmon) whenever the process
+// had gone idle: at every wake of a relay at rest, with sysmon then
+// polling every 20 µs for a millisecond (fastpath/netlimit/sysio_linux.go
+// measured it at a fifth of such a relay's CPU). Arming (epoll_ctl) is a
+// raw syscall for the same reason; neither call ever blocks.
 type Set struct {
-	epfd, wakefd int
+	epfd int
+	file *os.File        // owns epfd; closing it ends the harvest
+	rc   syscall.RawConn // epfd in the netpoller
 
 	mu    sync.Mutex
 	slots []parkSlot
@@ -48,19 +63,23 @@ func New() (*Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("park: epoll_create1: %w", err)
 	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	// Non-blocking, os.NewFile registers it with the netpoller.
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("park: epoll set non-blocking: %w", err)
+	}
+	file := os.NewFile(uintptr(epfd), "park epoll set")
+	// A deadline can be set only on what the netpoller took.
+	if err := file.SetReadDeadline(time.Time{}); err != nil {
+		_ = file.Close()
+		return nil, fmt.Errorf("park: the runtime's netpoller does not take an epoll set: %w", err)
+	}
+	rc, err := file.SyscallConn()
 	if err != nil {
-		_ = unix.Close(epfd)
-		return nil, fmt.Errorf("park: eventfd: %w", err)
+		_ = file.Close()
+		return nil, fmt.Errorf("park: epoll set: %w", err)
 	}
-	// The eventfd's data is a slot no socket ever has: -1.
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: -1, Pad: 0}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		_ = unix.Close(epfd)
-		_ = unix.Close(wakefd)
-		return nil, fmt.Errorf("park: epoll_ctl eventfd: %w", err)
-	}
-	p := &Set{epfd: epfd, wakefd: wakefd, stopped: make(chan struct{})}
+	p := &Set{epfd: epfd, file: file, rc: rc, stopped: make(chan struct{})}
 	go p.poll()
 	return p, nil
 }
@@ -70,11 +89,8 @@ func New() (*Set, error) {
 // using the set has drained.
 func (p *Set) Close() error {
 	p.closeOnce.Do(func() {
-		one := [8]byte{1}
-		_, _ = unix.Write(p.wakefd, one[:])
+		_ = p.file.Close() // the harvest's wait ends with an error
 		<-p.stopped
-		_ = unix.Close(p.epfd)
-		_ = unix.Close(p.wakefd)
 	})
 	return nil
 }
@@ -94,26 +110,37 @@ func (p *Set) Registered() int {
 // owner of the socket knows when it holds no goroutine.
 func (p *Set) NoteParked(d int64) { p.parked.Add(d) }
 
+// poll harvests events and calls their sockets' wake functions until
+// Close.
 func (p *Set) poll() {
 	defer close(p.stopped)
-	var events [maxEvents]unix.EpollEvent
-	wakers := make([]func(), 0, maxEvents)
-	for {
-		n, err := unix.EpollWait(p.epfd, events[:], -1)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
+	var (
+		events [maxEvents]unix.EpollEvent
+		n      int
+		errno  syscall.Errno
+	)
+	// harvest takes what is ready without waiting; false (wait in the
+	// netpoller, then call again) when nothing is.
+	harvest := func(fd uintptr) bool {
+		for {
+			r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd,
+				uintptr(unsafe.Pointer(&events[0])), maxEvents, 0, 0, 0)
+			if e == syscall.EINTR {
 				continue
 			}
-			return // the set is gone: nothing can be waited for
+			n, errno = int(r), e
+			return e != 0 || n > 0
+		}
+	}
+	wakers := make([]func(), 0, maxEvents)
+	for {
+		if err := p.rc.Read(harvest); err != nil || errno != 0 {
+			return // Close (or the set is gone: nothing can be waited for)
 		}
 		wakers = wakers[:0]
 		p.mu.Lock()
 		for i := range n {
 			slot, gen := events[i].Fd, uint32(events[i].Pad)
-			if slot < 0 {
-				p.mu.Unlock()
-				return // Close
-			}
 			if int(slot) < len(p.slots) && p.slots[slot].gen == gen && p.slots[slot].wake != nil {
 				wakers = append(wakers, p.slots[slot].wake)
 			}
@@ -124,6 +151,16 @@ func (p *Set) poll() {
 		}
 		clear(wakers)
 	}
+}
+
+// epollCtl is epoll_ctl(2) as a raw syscall (see Set).
+func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
+	_, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd),
+		uintptr(unsafe.Pointer(ev)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
 }
 
 // take gives wake a slot and returns the slot and its generation.
@@ -208,7 +245,7 @@ func (r *Reg) Arm() error {
 // ctl arms the socket fd in the set, or takes it out (remove).
 func (r *Reg) ctl(fd uintptr) {
 	if r.remove {
-		r.err = unix.EpollCtl(r.p.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+		r.err = epollCtl(r.p.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
 		r.added = false
 		return
 	}
@@ -221,7 +258,7 @@ func (r *Reg) ctl(fd uintptr) {
 	if !r.added {
 		op = unix.EPOLL_CTL_ADD
 	}
-	r.err = unix.EpollCtl(r.p.epfd, op, int(fd), &ev)
+	r.err = epollCtl(r.p.epfd, op, int(fd), &ev)
 	if r.err == nil {
 		r.added = true
 	}

@@ -1,0 +1,176 @@
+//go:build linux
+
+package netlimit
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// An accepted connection's reads and writes go to the kernel as raw
+// syscalls inside the socket's RawConn callbacks instead of through
+// net.Conn. net.Conn enters every read(2) and write(2) through the
+// scheduler's syscall path (entersyscall), which wakes the runtime's
+// monitor thread (sysmon) whenever the process had gone idle; sysmon then
+// polls every 20 µs, backing off only after a millisecond of nothing to
+// do. A relay at rest between deliveries took that at every wake: 22.5% of
+// the server's CPU in idlebench's wake figure was sysmon's sleeps and
+// wakes, triggered by the WebSocket writer's net.Conn.Write. Every socket
+// Go makes is non-blocking, so these calls never wait in the kernel: a
+// call that would (EAGAIN) returns false from the callback, and the
+// RawConn waits in the netpoller just as net.Conn does, with the same
+// deadlines and the same wake on Close. The TURN data path does the same
+// (turn/gso_linux.go).
+
+// sysOp is one read or write in flight: the buffer, what the kernel did,
+// and the callbacks, made once per op (a method value handed to the
+// RawConn would otherwise be a closure allocated per call). Ops come from
+// the Listener's pool, so that an idle connection holds none.
+type sysOp struct {
+	p     []byte
+	n     int
+	errno syscall.Errno
+
+	read, write func(fd uintptr) bool
+}
+
+func newSysOps() *sync.Pool {
+	return &sync.Pool{New: func() any {
+		o := &sysOp{}
+		o.read, o.write = o.readOnce, o.writeAll
+		return o
+	}}
+}
+
+// maxRW bounds one read(2) or write(2), as the net package does: some
+// kernels refuse bigger counts.
+const maxRW = 1 << 30
+
+// call makes one raw read(2) or write(2) (trap) of what is left of p,
+// again while interrupted; wait is EAGAIN: nothing to read, or no room.
+// Another error is kept in errno.
+func (o *sysOp) call(fd, trap uintptr) (n int, wait bool) {
+	p := o.p[:min(len(o.p), maxRW)]
+	for {
+		r, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch e {
+		case 0:
+			return int(r), false
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return 0, true
+		}
+		o.errno = e
+		return 0, false
+	}
+}
+
+// readOnce reads into p once; false (wait and call again) when nothing
+// is there yet.
+func (o *sysOp) readOnce(fd uintptr) bool {
+	n, wait := o.call(fd, syscall.SYS_READ)
+	o.n = n
+	return !wait
+}
+
+// writeAll writes what is left of p; false (wait for room and call again)
+// when the socket's buffer is full before the end.
+func (o *sysOp) writeAll(fd uintptr) bool {
+	for len(o.p) > 0 && o.errno == 0 {
+		n, wait := o.call(fd, syscall.SYS_WRITE)
+		if wait {
+			return false
+		}
+		if n == 0 && o.errno == 0 {
+			// Never from a socket: an error rather than a spin.
+			o.errno = syscall.EIO
+		}
+		o.n += n
+		o.p = o.p[n:]
+	}
+	return true
+}
+
+// rawConnOf is c's RawConn when c is a socket of the net package's (what
+// a listener accepts), nil otherwise.
+func rawConnOf(c net.Conn) syscall.RawConn {
+	sc, ok := c.(interface {
+		syscall.Conn
+		net.Conn
+	})
+	if !ok {
+		return nil
+	}
+	switch c.(type) {
+	case *net.TCPConn, *net.UnixConn:
+	default:
+		return nil // a wrapper: its own Read and Write may do more
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// sysRead is net.Conn.Read through a raw read(2).
+func (c *conn) sysRead(b []byte) (int, error) {
+	if c.rc == nil || len(b) == 0 {
+		return c.Conn.Read(b)
+	}
+	n, err := c.sysDo("read", b)
+	if n == 0 && err == nil {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+// Write is net.Conn.Write through raw write(2)s: all of b, or what was
+// written before the error.
+func (c *conn) Write(b []byte) (int, error) {
+	if c.rc == nil || len(b) == 0 {
+		return c.Conn.Write(b)
+	}
+	return c.sysDo("write", b)
+}
+
+// sysDo reads into b ("read") or writes all of b ("write") through the
+// socket's RawConn, with an op from the Listener's pool.
+func (c *conn) sysDo(op string, b []byte) (int, error) {
+	o := c.l.ops.Get().(*sysOp)
+	o.p, o.n, o.errno = b, 0, 0
+	var err error
+	if op == "write" {
+		err = c.rc.Write(o.write)
+	} else {
+		err = c.rc.Read(o.read)
+	}
+	n, errno := o.n, o.errno
+	o.p = nil
+	c.l.ops.Put(o)
+	switch {
+	case err != nil:
+		return n, c.opError(op, err)
+	case errno != 0:
+		return n, c.opError(op, os.NewSyscallError(op, errno))
+	}
+	return n, nil
+}
+
+// opError is err as net.Conn would return it: a *net.OpError naming the
+// operation and both ends. A RawConn's own error (a deadline, a closed
+// connection) comes wrapped for "raw-read"/"raw-write"; what it wraps is
+// the net package's (os.ErrDeadlineExceeded, net.ErrClosed).
+func (c *conn) opError(op string, err error) error {
+	var raw *net.OpError
+	if errors.As(err, &raw) {
+		err = raw.Err
+	}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}

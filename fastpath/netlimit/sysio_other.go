@@ -1,0 +1,18 @@
+//go:build !linux
+
+package netlimit
+
+import (
+	"net"
+	"sync"
+	"syscall"
+)
+
+// Elsewhere reads and writes go through net.Conn (sysio_linux.go says
+// why Linux does otherwise).
+
+func rawConnOf(net.Conn) syscall.RawConn { return nil }
+
+func newSysOps() *sync.Pool { return nil }
+
+func (c *conn) sysRead(b []byte) (int, error) { return c.Conn.Read(b) }
