@@ -36,13 +36,13 @@ type sysOp struct {
 	n     int
 	errno syscall.Errno
 
-	read, write func(fd uintptr) bool
+	read, write, try func(fd uintptr) bool
 }
 
 func newSysOps() *sync.Pool {
 	return &sync.Pool{New: func() any {
 		o := &sysOp{}
-		o.read, o.write = o.readOnce, o.writeAll
+		o.read, o.write, o.try = o.readOnce, o.writeAll, o.writeRoom
 		return o
 	}}
 }
@@ -97,6 +97,12 @@ func (o *sysOp) writeAll(fd uintptr) bool {
 	return true
 }
 
+// writeRoom writes what the socket's buffer has room for, and never waits.
+func (o *sysOp) writeRoom(fd uintptr) bool {
+	o.writeAll(fd)
+	return true
+}
+
 // rawConnOf is c's RawConn when c is a socket of the net package's (what
 // a listener accepts), nil otherwise.
 func rawConnOf(c net.Conn) syscall.RawConn {
@@ -124,7 +130,7 @@ func (c *conn) sysRead(b []byte) (int, error) {
 	if c.rc == nil || len(b) == 0 {
 		return c.Conn.Read(b)
 	}
-	n, err := c.sysDo("read", b)
+	n, err := c.sysDo(opRead, b)
 	if n == 0 && err == nil {
 		return 0, io.EOF
 	}
@@ -137,28 +143,52 @@ func (c *conn) Write(b []byte) (int, error) {
 	if c.rc == nil || len(b) == 0 {
 		return c.Conn.Write(b)
 	}
-	return c.sysDo("write", b)
+	return c.sysDo(opWrite, b)
 }
 
-// sysDo reads into b ("read") or writes all of b ("write") through the
-// socket's RawConn, with an op from the Listener's pool.
-func (c *conn) sysDo(op string, b []byte) (int, error) {
+// TryWrite writes what the socket takes of b now, without waiting for
+// room: (0, nil) when its buffer is full. It is for a writer that must
+// not wait on a slow peer: a WebSocket writes a frame at once from the
+// goroutine that queued it and leaves what did not fit to its writer
+// (fastpath/ws, Conn.writeNow).
+func (c *conn) TryWrite(b []byte) (int, error) {
+	if c.rc == nil || len(b) == 0 {
+		return 0, nil
+	}
+	return c.sysDo(opTryWrite, b)
+}
+
+// What sysDo does.
+const (
+	opRead     = iota // read once into b, waiting for input
+	opWrite           // write all of b, waiting for room
+	opTryWrite        // write what fits of b, never waiting
+)
+
+// sysDo does op with b through the socket's RawConn, with an op from the
+// Listener's pool.
+func (c *conn) sysDo(op int, b []byte) (int, error) {
 	o := c.l.ops.Get().(*sysOp)
 	o.p, o.n, o.errno = b, 0, 0
 	var err error
-	if op == "write" {
-		err = c.rc.Write(o.write)
-	} else {
+	name := "write"
+	switch op {
+	case opRead:
+		name = "read"
 		err = c.rc.Read(o.read)
+	case opWrite:
+		err = c.rc.Write(o.write)
+	default:
+		err = c.rc.Write(o.try)
 	}
 	n, errno := o.n, o.errno
 	o.p = nil
 	c.l.ops.Put(o)
 	switch {
 	case err != nil:
-		return n, c.opError(op, err)
+		return n, c.opError(name, err)
 	case errno != 0:
-		return n, c.opError(op, os.NewSyscallError(op, errno))
+		return n, c.opError(name, os.NewSyscallError(name, errno))
 	}
 	return n, nil
 }

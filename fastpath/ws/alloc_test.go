@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"edgerelay/fastpath/alloctest"
 	"edgerelay/fastpath/ws"
 )
 
@@ -18,6 +19,23 @@ import (
 // ReadMessage, or one WriteText read back into a fixed buffer.
 
 const allocRuns = 1000
+
+// expectNoAllocs fails t unless allocs, measured per what, is 0. Under
+// -race it only logs: the detector's sync.Pool drops a quarter of what is
+// put back, on purpose (netlimit's pooled reads and writes among it), and
+// make test runs every Alloc test again without it, where the zero is
+// asserted; the measured loop still ran under the detector.
+func expectNoAllocs(t *testing.T, allocs float64, what string) {
+	t.Helper()
+	if allocs == 0 {
+		return
+	}
+	if alloctest.RaceEnabled() {
+		t.Logf("%v allocations per %s under -race (not asserted there)", allocs, what)
+		return
+	}
+	t.Errorf("%v allocations per %s, expected 0", allocs, what)
+}
 
 func TestReadMessageAllocatesNothing(t *testing.T) {
 	ts := startServer(t, ws.Options{}, nil)
@@ -48,9 +66,7 @@ func TestReadMessageAllocatesNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per 1 KiB message read, expected 0", allocs)
-	}
+	expectNoAllocs(t, allocs, "1 KiB message read")
 }
 
 // Control frames between messages cost nothing either: a ping before each
@@ -91,9 +107,7 @@ func TestPingAndMessageAllocateNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per ping and 1 KiB message, expected 0", allocs)
-	}
+	expectNoAllocs(t, allocs, "ping and 1 KiB message")
 }
 
 func TestWriteTextAllocatesNothing(t *testing.T) {
@@ -124,9 +138,7 @@ func TestWriteTextAllocatesNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per 1 KiB WriteText, expected 0", allocs)
-	}
+	expectNoAllocs(t, allocs, "1 KiB WriteText")
 }
 
 // fullRead is io.ReadFull on the client's reader, without the interface
@@ -178,7 +190,5 @@ func TestBurstsAllocateNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per burst of %d KiB, expected 0", allocs, burst*16)
-	}
+	expectNoAllocs(t, allocs, fmt.Sprintf("burst of %d KiB", burst*16))
 }

@@ -153,6 +153,17 @@ type Conn struct {
 	// writeFn and readFn are c.writeLoop and c.readLoop, made once: a go
 	// statement on a method call would allocate its closure each time.
 	writeFn, readFn func()
+	// now writes without waiting (see writeNow); nil where the connection
+	// cannot (TLS, or not one of netlimit's). idleSince (unix ns, under
+	// mu) is when the writer's role was last given up.
+	now       tryWriter
+	idleSince int64
+	// carry is a write at once that the socket did not take all of, from
+	// carryFrom on: the writer goroutine finishes it before anything else
+	// (a frame is never cut, not even by a close that drops the backlog).
+	// Its rest counts in inFlight. Under mu.
+	carry     []byte
+	carryFrom int
 	// drained is closed (and forgotten) after each write and when the
 	// socket starts closing, waking every WaitQueued; made by the first
 	// waiter, so that a socket nobody waits on allocates nothing per write.
@@ -205,6 +216,7 @@ func newConn(nc net.Conn, opts Options) *Conn {
 		opts:   opts,
 		remote: nc.RemoteAddr(),
 		tcp:    tcpConnOf(nc),
+		now:    tryWriterOf(nc),
 	}
 	// With a parker the read buffer comes from its pool (where it goes
 	// when the socket parks): a burst of upgrades reuses a few buffers
@@ -647,7 +659,7 @@ func (c *Conn) queueFrame(op int, payload []byte, bounded bool) error {
 	start := c.startWriterLocked()
 	c.mu.Unlock()
 	if start {
-		go c.writeFn()
+		c.startWriter()
 	}
 	return nil
 }
@@ -668,8 +680,125 @@ func (c *Conn) kick() {
 	start := c.startWriterLocked()
 	c.mu.Unlock()
 	if start {
-		go c.writeFn()
+		c.startWriter()
 	}
+}
+
+// startWriter runs the writer's role, which the caller has taken
+// (startWriterLocked): on this goroutine where it can (writeNow), else on
+// a goroutine of its own.
+func (c *Conn) startWriter() {
+	if c.now != nil && c.writeNow() {
+		return
+	}
+	go c.writeFn()
+}
+
+// writeAtOnceAfter is how long a socket's writer must have been idle for
+// a frame to be written at once by the goroutine that queued it. A socket
+// that a stream of frames keeps busy leaves them to its writer goroutine,
+// which gathers what queued while it was starting or writing into one
+// write; a socket woken after a pause (a delivery to a watch, a ping's
+// pong) has nothing to gather, and starting a goroutine for it costs
+// more than the write: the wake of an idle P's thread, a context switch,
+// and the frame moving to another core.
+const writeAtOnceAfter = time.Millisecond
+
+// writeAtOnceMax is the most a write at once takes: what a fresh TCP
+// socket's send buffer holds whole (Linux's default, 16 KiB). Bigger
+// queues go to the writer goroutine, whose write a slow peer may hold.
+const writeAtOnceMax = 16 << 10
+
+// tryWriter writes what a socket's buffer takes now without waiting:
+// netlimit's connections (plain TCP).
+type tryWriter interface {
+	TryWrite(b []byte) (int, error)
+}
+
+// tryWriterOf is nc's tryWriter, also under fasthttp's hijacked conn
+// (whose writes go straight to the connection below), or nil: TLS cannot
+// leave a record half written.
+func tryWriterOf(nc net.Conn) tryWriter {
+	if u, ok := nc.(interface{ UnsafeConn() net.Conn }); ok {
+		nc = u.UnsafeConn()
+	}
+	t, _ := nc.(tryWriter)
+	return t
+}
+
+// writeNow is the writer's role run on the goroutine that queued a frame,
+// for a socket whose writer has been idle for writeAtOnceAfter: what is
+// queued (at most writeAtOnceMax) goes to the kernel at once, without
+// waiting for room. True when all of it went and the role is given up;
+// false leaves the role to a writer goroutine (not idle long enough, too
+// much queued, closing, the socket's buffer full, more queued meanwhile,
+// or a failed write, which that goroutine meets again and ends the
+// socket on).
+func (c *Conn) writeNow() bool {
+	c.mu.Lock()
+	if c.closing || len(c.pending) == 0 || len(c.pending) > writeAtOnceMax || c.shut.Load() ||
+		time.Now().UnixNano()-c.idleSince < int64(writeAtOnceAfter) {
+		c.mu.Unlock()
+		return false
+	}
+	writing, _ := c.takeQueuedLocked() // no carry: the role was free
+	c.mu.Unlock()
+	n, err := c.now.TryWrite(writing)
+	c.mu.Lock()
+	if err != nil || n < len(writing) {
+		c.carry, c.carryFrom = writing, n
+		c.inFlight = len(writing) - n
+		c.mu.Unlock()
+		return false
+	}
+	c.wroteLocked(writing)
+	if len(c.pending) > 0 || c.closing {
+		// More to write, or a close (which leaves its sequence to the
+		// writer that holds the role) came meanwhile.
+		c.mu.Unlock()
+		return false
+	}
+	c.writerOn = false
+	c.idleSince = time.Now().UnixNano()
+	c.mu.Unlock()
+	c.writerIdle()
+	return true
+}
+
+// takeQueuedLocked hands the writer what it writes next, writing[from:]:
+// the rest of a write at once (carry), else the queue, whose buffer the
+// spare replaces. c.mu is held.
+func (c *Conn) takeQueuedLocked() (writing []byte, from int) {
+	if c.carry != nil {
+		writing, from = c.carry, c.carryFrom
+		c.carry = nil
+		return writing, from // inFlight counts its rest already
+	}
+	writing = c.spare
+	c.spare = nil
+	writing, c.pending = c.pending, writing[:0]
+	c.inFlight = len(writing)
+	return writing, 0
+}
+
+// wroteLocked ends the write of writing: waiters wake, and its buffer
+// becomes the spare. c.mu is held.
+func (c *Conn) wroteLocked(writing []byte) {
+	c.inFlight = 0
+	c.wakeWaitersLocked()
+	// Without pings, big buffers go back as soon as the queue is empty
+	// (with pings, at the tick, so that bursts do not regrow them each
+	// time). Never while more is queued: a socket under steady load would
+	// grow a new buffer for every write.
+	if c.opts.PingInterval == 0 && len(c.pending) == 0 {
+		if cap(c.pending) > maxIdleBuffer {
+			c.pending = nil
+		}
+		if cap(writing) > maxIdleBuffer {
+			writing = nil
+		}
+	}
+	c.spare = writing[:0]
 }
 
 // Close queues a close frame with code and reason after what is already
@@ -946,43 +1075,26 @@ const maxIdleBuffer = 64 << 10
 func (c *Conn) writeLoop() {
 	for {
 		c.mu.Lock()
-		if len(c.pending) == 0 && !c.closing {
+		if len(c.pending) == 0 && c.carry == nil && !c.closing {
 			c.writerOn = false
+			c.idleSince = time.Now().UnixNano()
 			c.mu.Unlock()
 			c.writerIdle()
 			return
 		}
-		writing := c.spare
-		c.spare = nil
-		writing, c.pending = c.pending, writing[:0]
-		c.inFlight = len(writing)
+		writing, from := c.takeQueuedLocked()
 		closing := c.closing
 		c.mu.Unlock()
-		if len(writing) > 0 {
-			_, err := c.nc.Write(writing)
+		if len(writing) > from {
+			_, err := c.nc.Write(writing[from:])
 			c.mu.Lock()
-			c.inFlight = 0
 			if err != nil {
 				// The socket is gone: waiters must see it closing, not a
 				// queue that merely emptied (Abort below comes after
 				// they wake).
 				c.closing = true
 			}
-			c.wakeWaitersLocked()
-			// Without pings, big buffers go back as soon as the queue
-			// is empty (with pings, at the tick, so that bursts do not
-			// regrow them each time). Never while more is queued: a
-			// socket under steady load would grow a new buffer for
-			// every write.
-			if c.opts.PingInterval == 0 && len(c.pending) == 0 {
-				if cap(c.pending) > maxIdleBuffer {
-					c.pending = nil
-				}
-				if cap(writing) > maxIdleBuffer {
-					writing = nil
-				}
-			}
-			c.spare = writing[:0]
+			c.wroteLocked(writing)
 			c.mu.Unlock()
 			if err != nil {
 				c.Abort()
@@ -996,7 +1108,7 @@ func (c *Conn) writeLoop() {
 		}
 		if closing {
 			c.mu.Lock()
-			more := len(c.pending) > 0
+			more := len(c.pending) > 0 || c.carry != nil
 			c.mu.Unlock()
 			if !more {
 				c.linger()

@@ -24,6 +24,7 @@ import (
 	"github.com/fasthttp/websocket"
 	"github.com/valyala/fasthttp"
 
+	"edgerelay/fastpath/netlimit"
 	"edgerelay/fastpath/ws"
 )
 
@@ -58,6 +59,11 @@ type testServer struct {
 	conns chan *ws.Conn // every upgraded Conn, in order
 	stop  chan struct{} // closed when the test ends
 	wg    sync.WaitGroup
+
+	// mu orders a handler's wg.Add against the end of the test: an Add
+	// from zero while the cleanup Waits is a race.
+	mu    sync.Mutex
+	ended bool
 }
 
 // startServer serves WebSockets with opts. serve runs for each upgraded
@@ -78,6 +84,11 @@ func startServer(t testing.TB, opts ws.Options, serve func(*ws.Conn)) *testServe
 // serveOn is startServer on ln (a TLS listener, say).
 func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn)) *testServer {
 	t.Helper()
+	if _, plain := ln.(*net.TCPListener); plain {
+		// As in the relay: netlimit's connections, which write a frame
+		// queued after a pause at once (Conn.writeNow).
+		ln = netlimit.Wrap(ln, netlimit.Limits{}, nil)
+	}
 	ts := &testServer{
 		addr:  ln.Addr().String(),
 		conns: make(chan *ws.Conn, 16),
@@ -103,7 +114,14 @@ func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn
 				}
 				return true
 			})
+			ts.mu.Lock()
+			if ts.ended {
+				ts.mu.Unlock()
+				ctx.Error("the test has ended", fasthttp.StatusServiceUnavailable)
+				return
+			}
 			ts.wg.Add(1)
+			ts.mu.Unlock()
 			ws.Upgrade(ctx, opts, proto, nil, func(c *ws.Conn) {
 				defer ts.wg.Done()
 				ts.conns <- c
@@ -120,6 +138,9 @@ func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn
 	}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
+		ts.mu.Lock()
+		ts.ended = true
+		ts.mu.Unlock()
 		close(ts.stop)
 		_ = ln.Close()
 		// Every hijack handler must return: a Conn outliving its test is

@@ -490,7 +490,5 @@ func TestSilenceDeadlineAllocatesNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per ping and 1 KiB message under a silence deadline, expected 0", allocs)
-	}
+	expectNoAllocs(t, allocs, "ping and 1 KiB message under a silence deadline")
 }

@@ -253,7 +253,5 @@ func TestWaitQueuedBelowBoundAllocatesNothing(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per WaitQueued below the bound, expected 0", allocs)
-	}
+	expectNoAllocs(t, allocs, "WaitQueued below the bound")
 }

@@ -1,0 +1,182 @@
+package ws
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"edgerelay/fastpath/netlimit"
+)
+
+// writeNowPair is a Conn on a connection netlimit accepted (as in the
+// relay) and the raw client socket. small gives both ends the kernel's
+// smallest buffers from before the connection is made, so that a few KiB
+// fill the window.
+func writeNowPair(t *testing.T, small bool) (*Conn, *net.TCPConn) {
+	t.Helper()
+	var shrink func(_, _ string, rc syscall.RawConn) error
+	if small {
+		shrink = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 1),
+					unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 1))
+			})
+			return errors.Join(err, serr)
+		}
+	}
+	lc := net.ListenConfig{Control: shrink} // accepted sockets inherit the listener's buffers
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl := netlimit.Wrap(ln, netlimit.Limits{}, nil)
+	t.Cleanup(func() { _ = nl.Close() })
+	d := net.Dialer{Control: shrink}
+	cl, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := cl.(*net.TCPConn)
+	s, err := nl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConn(s, Options{})
+	if c.now == nil {
+		t.Fatal("a Conn on netlimit's plain connection cannot write at once")
+	}
+	t.Cleanup(func() {
+		c.Abort()
+		<-c.Done()
+		_ = client.Close()
+	})
+	return c, client
+}
+
+// unread is how many bytes wait in the client's receive queue.
+func unread(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil || ierr != nil {
+		t.Fatal(err, ierr)
+	}
+	return n
+}
+
+// A frame queued on a socket whose writer has been idle is in the kernel
+// when WriteText returns (on loopback, in the client's queue already), and
+// the writer's role is given up: no goroutine was started for it.
+func TestIdleSocketWritesAtOnce(t *testing.T) {
+	c, client := writeNowPair(t, false)
+	for i := range 3 {
+		c.mu.Lock()
+		c.idleSince = time.Now().Add(-2 * writeAtOnceAfter).UnixNano() // idle long enough
+		c.mu.Unlock()
+		msg := []byte{'m', byte('0' + i)}
+		if err := c.WriteText(msg); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		on, queued := c.writerOn, len(c.pending)+c.inFlight
+		c.mu.Unlock()
+		if on || queued != 0 {
+			t.Fatalf("message %d: writer on %v, %d bytes queued after WriteText returned; want it written at once", i, on, queued)
+		}
+		if n := unread(t, client); n != 2+len(msg) {
+			t.Fatalf("message %d: %d bytes in the client's queue when WriteText returned, want the %d-byte frame", i, n, 2+len(msg))
+		}
+		frame := make([]byte, 2+len(msg))
+		if _, err := io.ReadFull(client, frame); err != nil {
+			t.Fatal(err)
+		}
+		if frame[0] != 0x80|OpText || int(frame[1]) != len(msg) || string(frame[2:]) != string(msg) {
+			t.Fatalf("message %d: frame % x", i, frame)
+		}
+	}
+}
+
+// A write at once that the socket does not take all of leaves the rest to
+// the writer goroutine, which finishes it before anything queued after it:
+// frames queued in a stream (within writeAtOnceAfter) and after pauses all
+// arrive whole and in order, and a close that drops the backlog never
+// cuts the frame in flight.
+func TestWriteAtOnceLeavesTheRestInOrder(t *testing.T) {
+	c, client := writeNowPair(t, true)
+	c.opts.MaxQueue = 64 << 20
+	payload := func(i int) []byte {
+		p := make([]byte, writeAtOnceMax-4-(i%5)*1000) // a frame of at most writeAtOnceMax
+		for j := range p {
+			p[j] = byte(i + j)
+		}
+		binary.BigEndian.PutUint32(p, uint32(i))
+		return p
+	}
+	if err := c.WriteBinary(payload(0)); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	on, carried, from, queued := c.writerOn, c.carry != nil, c.carryFrom, len(c.pending)+c.inFlight
+	c.mu.Unlock()
+	if !on || !carried || from <= 0 || queued != 4+len(payload(0))-from {
+		t.Fatalf("a frame too big for the socket's buffers, written at once: writer on %v, carried %v from %d, %d bytes queued; want part written and the rest carried by the writer goroutine", on, carried, from, queued)
+	}
+	const frames = 60
+	go func() {
+		for i := 1; i < frames; i++ {
+			if i%3 == 0 {
+				// A pause: the next frame is tried at once if the writer
+				// is idle by then (it may still be busy with the rest).
+				c.mu.Lock()
+				c.idleSince = min(c.idleSince, time.Now().Add(-2*writeAtOnceAfter).UnixNano())
+				c.mu.Unlock()
+			}
+			if err := c.WriteBinary(payload(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		// The close drops what is queued, never the frame in flight.
+		c.close(CloseTryAgainLater, "overflow", true)
+	}()
+	br := bufio.NewReader(client)
+	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var h [4]byte
+	for i := 0; ; i++ {
+		if _, err := io.ReadFull(br, h[:2]); err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if h[0] == 0x80|OpClose {
+			if i == 0 {
+				t.Fatal("the close came before the first frame")
+			}
+			return // every frame before it came whole
+		}
+		if h[0] != 0x80|OpBinary || h[1] != 126 {
+			t.Fatalf("frame %d: header % x, want a binary frame with a 16-bit length", i, h[:2])
+		}
+		if _, err := io.ReadFull(br, h[2:4]); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, binary.BigEndian.Uint16(h[2:4]))
+		if _, err := io.ReadFull(br, got); err != nil {
+			t.Fatal(err)
+		}
+		if want := payload(i); string(got) != string(want) {
+			t.Fatalf("frame %d: %d bytes, first %d; want %d bytes of frame %d", i, len(got), binary.BigEndian.Uint32(got), len(want), i)
+		}
+	}
+}
