@@ -13,8 +13,9 @@
 //     disable written through any node reaches the others in milliseconds.
 //     A write also applies to the writer's own map at once, by revision, so
 //     an operator's revoke holds on its node before it returns. A watch
-//     that stops delivering (its consumer's server went away) is replaced
-//     (watch.go).
+//     that stops delivering (its consumer's server went away) is replaced,
+//     and until then the watch's health check reads what the mirror lacks
+//     from the stream's leader (watch.go).
 //   - Minute limits (the handler's per-key send limit and per-address
 //     registration limit, one family per mount): KV er_push_rl,
 //     <scope>.<family>.<sha256 hex> -> the GCRA theoretical arrival time
