@@ -1,3 +1,8 @@
+//go:build linux
+
+// The writes at once need netlimit's raw path (Linux); elsewhere TryWrite
+// takes nothing and every write goes to the writer goroutine.
+
 package ws
 
 import (
