@@ -185,3 +185,72 @@ func TestWriteAtOnceLeavesTheRestInOrder(t *testing.T) {
 		}
 	}
 }
+
+// countingTry counts the writes at once a Conn attempts.
+type countingTry struct {
+	tw    tryWriter
+	tries int
+}
+
+func (c *countingTry) TryWrite(b []byte) (int, error) {
+	c.tries++
+	return c.tw.TryWrite(b)
+}
+
+// The bounds of a write at once, at the edge and one past: a frame of
+// writeAtOnceMax bytes is tried at once, one of a byte more is left to the
+// writer goroutine; a writer idle for writeAtOnceAfter is bypassed, one
+// idle for less is not.
+func TestWriteAtOnceLimits(t *testing.T) {
+	c, client := writeNowPair(t, false)
+	try := &countingTry{tw: c.now}
+	c.now = try
+	br := bufio.NewReader(client)
+	send := func(frameLen int, idle time.Duration) (tried bool) {
+		t.Helper()
+		deadline := time.Now().Add(waitTimeoutInternal)
+		for { // the previous frame's writer must have given up the role
+			c.mu.Lock()
+			on := c.writerOn
+			if !on {
+				c.idleSince = time.Now().Add(-idle).UnixNano()
+			}
+			c.mu.Unlock()
+			if !on {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the writer kept its role")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		before := try.tries
+		payload := make([]byte, frameLen-4) // 16-bit length form: 4 bytes of header
+		if err := c.WriteBinary(payload); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		tried = try.tries != before
+		c.mu.Unlock()
+		if _, err := io.ReadFull(br, make([]byte, frameLen)); err != nil {
+			t.Fatal(err)
+		}
+		return tried
+	}
+	for _, tc := range []struct {
+		frame int
+		idle  time.Duration
+		want  bool
+	}{
+		{writeAtOnceMax, 2 * writeAtOnceAfter, true},
+		{writeAtOnceMax + 1, 2 * writeAtOnceAfter, false},
+		{1000, writeAtOnceAfter, true},
+		{1000, writeAtOnceAfter / 2, false},
+	} {
+		if got := send(tc.frame, tc.idle); got != tc.want {
+			t.Errorf("a %d-byte frame after %v idle: written at once %v, want %v", tc.frame, tc.idle, got, tc.want)
+		}
+	}
+}
+
+const waitTimeoutInternal = 10 * time.Second

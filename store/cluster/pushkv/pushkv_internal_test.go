@@ -2,6 +2,7 @@ package pushkv
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"testing"
 	"time"
 
@@ -158,6 +159,35 @@ func TestCatchUpReadsWhatAStalledWatchLacks(t *testing.T) {
 	for _, id := range []string{revoked.ID, fresh.ID} {
 		if _, ok := lagging.byIDLocal(id); ok {
 			t.Fatalf("after the watch's replay the revoked key %s is back", id)
+		}
+	}
+}
+
+// A catch-up reads a gap of maxDirect revisions itself, the most it
+// takes on. (One revision more is left to the watch, but that cannot be
+// shown without a race: the watch's health check, every watchCheck, reads
+// whatever part of a gap is in the bucket when it looks, so a gap of
+// maxDirect+1 written over more than an instant is read in parts.)
+func TestCatchUpReadsAGapOfMaxDirect(t *testing.T) {
+	gs := twoNodes(t)
+	writer, lagging := gs[0], gs[1]
+	lagging.watchHold.Lock()
+	t.Cleanup(lagging.watchHold.Unlock) // before the gateways close
+	now := time.Now()
+	var k store.PushKey
+	for i := range maxDirect {
+		id := fmt.Sprintf("gap-%d", i)
+		k = store.PushKey{ID: id, Hash: sha256.Sum256([]byte(id)), Enabled: true, CreatedAt: now, Source: store.PushSourceAdmin}
+		if err := writer.AddKey(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, ok := lagging.KeyByHash(k.Hash); !ok || got.ID != k.ID {
+		t.Fatalf("the last of %d keys written behind a held watch: %+v %v", maxDirect, got, ok)
+	}
+	for i := range maxDirect {
+		if _, ok := lagging.byIDLocal(fmt.Sprintf("gap-%d", i)); !ok {
+			t.Fatalf("key %d of the gap is not in the mirror", i)
 		}
 	}
 }
