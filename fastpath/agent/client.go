@@ -167,12 +167,6 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 	if offered {
 		echo = Subprotocol
 	}
-	opts := ws.Options{
-		MaxMessage:   h.cfg.MaxClientMessage,
-		MaxQueue:     h.cfg.ClientQueue + maxClientFrame, // any frame fits into a queue holding ClientQueue
-		OverflowCode: ws.CloseTryAgainLater,
-		PingInterval: h.cfg.ClientPing,
-	}
 	// serve turns the reservation into an attachment (serveClient) and
 	// drops the reference at the end; abandon gives both back when
 	// fasthttp drops the connection before serve runs.
@@ -183,7 +177,7 @@ func (h *Handler) attach(ctx *fasthttp.RequestCtx, id []byte) {
 		a.slot.Leave(nil)
 		h.release(in)
 	}
-	ws.Upgrade(ctx, opts, echo, abandon, func(conn *ws.Conn) {
+	ws.Upgrade(ctx, h.clientWS, echo, abandon, func(conn *ws.Conn) {
 		defer h.release(in)
 		a.conn = conn
 		h.serveClient(a)

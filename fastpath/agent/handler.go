@@ -116,6 +116,8 @@ type Handler struct {
 	// epoch anchors the monotonic clock of heartbeats (mono).
 	epoch   time.Time
 	clients ws.Group
+	// clientWS is the client sockets' settings, shared by all of them.
+	clientWS *ws.Settings
 	// nowait is closed from the start: a Put with it as cancel queues
 	// within the bound or not at all, without waiting.
 	nowait chan struct{}
@@ -208,6 +210,12 @@ func New(cfg Config) (*Handler, error) {
 		epoch:     time.Now(),
 		instances: make(map[string]*instance),
 		links:     make(map[*link]struct{}),
+		clientWS: ws.NewSettings(ws.Options{
+			MaxMessage:   cfg.MaxClientMessage,
+			MaxQueue:     cfg.ClientQueue + maxClientFrame, // any frame fits into a queue holding ClientQueue
+			OverflowCode: ws.CloseTryAgainLater,
+			PingInterval: cfg.ClientPing,
+		}),
 	}, nil
 }
 

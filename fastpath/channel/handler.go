@@ -68,6 +68,9 @@ type Handler struct {
 	m     *Metrics
 	group ws.Group
 	route route.Channel
+	// control and phone are the sockets' settings, shared by every socket
+	// of each kind.
+	control, phone *ws.Settings
 }
 
 // New returns a Handler.
@@ -90,7 +93,9 @@ func New(cfg Config) *Handler {
 	if cfg.Route == nil {
 		cfg.Route = route.NewLocalChannel()
 	}
-	return &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, route: cfg.Route}
+	h := &Handler{cfg: cfg, log: cfg.Log, m: cfg.Metrics, route: cfg.Route}
+	h.control, h.phone = h.wsSettings(maxControlFrame), h.wsSettings(MaxFrame)
+	return h
 }
 
 var healthBody = []byte(`{"protocol":"botharness-private-v1","protocols":["botharness-private-v1","botharness-private-v2"]}`)

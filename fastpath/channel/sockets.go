@@ -12,15 +12,15 @@ import (
 	"edgerelay/route"
 )
 
-func (h *Handler) wsOptions(maxMessage int) ws.Options {
-	return ws.Options{
+func (h *Handler) wsSettings(maxMessage int) *ws.Settings {
+	return ws.NewSettings(ws.Options{
 		MaxMessage:   maxMessage,
 		MaxQueue:     h.cfg.MaxQueue,
 		OverflowCode: ws.ClosePolicyViolation,
 		PingInterval: h.cfg.PingInterval,
 		Detach:       h.cfg.DetachSockets,
 		Parker:       h.cfg.Parker,
-	}
+	})
 }
 
 // openControl upgrades GET /host into the computer's control socket.
@@ -50,7 +50,7 @@ func (h *Handler) openControl(ctx *fasthttp.RequestCtx) {
 	// never opened. Ending it closes the computer's phones with 1001.
 	// Only the host name is kept for the socket's life, not the whole key.
 	host := k.Host
-	ws.Upgrade(ctx, h.wsOptions(maxControlFrame), "", hc.End, func(conn *ws.Conn) {
+	ws.Upgrade(ctx, h.control, "", hc.End, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			hc.End()
 			conn.Close(ws.CloseGoingAway, "server shutting down")
@@ -169,7 +169,7 @@ func (h *Handler) openPhone(ctx *fasthttp.RequestCtx) {
 	// serve turns the reservation into a phone channel; abandon (End
 	// before Attach) gives it back when fasthttp drops the connection
 	// before serve runs.
-	ws.Upgrade(ctx, h.wsOptions(MaxFrame), "", hp.End, func(conn *ws.Conn) {
+	ws.Upgrade(ctx, h.phone, "", hp.End, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			hp.End()
 			conn.Close(ws.CloseGoingAway, "server shutting down")

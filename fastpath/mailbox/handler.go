@@ -73,6 +73,9 @@ type Handler struct {
 	seed   maphash.Seed
 	limits *limits
 	group  ws.Group
+	// watchWS and signalWS are the sockets' settings, shared by every
+	// socket of each kind.
+	watchWS, signalWS *ws.Settings
 	// pushJobs queues wake-ups for the push senders (bounded).
 	pushJobs chan pushJob
 	// names pools the buffers a request's mailbox name is built in: the
@@ -143,6 +146,26 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, apps: apps, log: cfg.Log, m: cfg.Metrics, seed: maphash.MakeSeed(), limits: lim,
 		pushJobs: make(chan pushJob, pushQueue)}
 	h.names.New = func() any { return new([store.MaxMailboxName]byte) }
+	h.watchWS = ws.NewSettings(ws.Options{
+		MaxMessage:     1024,
+		MaxQueue:       cfg.MaxBehind,
+		OverflowCode:   ws.CloseTryAgainLater,
+		PingInterval:   cfg.PingInterval,
+		SilenceTimeout: cfg.SilenceTimeout,
+		ReadBufferSize: 512,
+		Detach:         cfg.DetachSockets,
+		Parker:         cfg.Parker,
+	})
+	h.signalWS = ws.NewSettings(ws.Options{
+		MaxMessage:     maxSignalFrame,
+		MaxQueue:       cfg.MaxBehind,
+		OverflowCode:   ws.CloseTryAgainLater,
+		PingInterval:   cfg.PingInterval,
+		SilenceTimeout: cfg.SilenceTimeout,
+		ReadBufferSize: 4096,
+		Detach:         cfg.DetachSockets,
+		Parker:         cfg.Parker,
+	})
 	if r, ok := cfg.Store.(store.MailboxStatsReporter); ok {
 		cfg.Metrics.stats.Store(&r)
 	}

@@ -36,22 +36,12 @@ func (h *Handler) signal(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key
 	if !h.take(ctx, h.limits.connections, key, now) {
 		return
 	}
-	opts := ws.Options{
-		MaxMessage:     maxSignalFrame,
-		MaxQueue:       h.cfg.MaxBehind,
-		OverflowCode:   ws.CloseTryAgainLater,
-		PingInterval:   h.cfg.PingInterval,
-		SilenceTimeout: h.cfg.SilenceTimeout,
-		ReadBufferSize: 4096,
-		Detach:         h.cfg.DetachSockets,
-		Parker:         h.cfg.Parker,
-	}
 	me := sideIndex(r.side)
 	frameKey := dirKey(key, r.side)
 	name := m.Name()
 	// Nothing is reserved for a signal side before its upgrade (the newer
 	// socket replaces the older one in serve).
-	ws.Upgrade(ctx, opts, offeredSubprotocol(ctx), nil, func(conn *ws.Conn) {
+	ws.Upgrade(ctx, h.signalWS, offeredSubprotocol(ctx), nil, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			conn.Close(ws.CloseGoingAway, "server shutting down")
 			return

@@ -36,6 +36,13 @@ func (s *stateHandler) evict() { s.st.Evict(s.now + 1) }
 
 func newStateHandler(t testing.TB, maxLoaded int) *stateHandler {
 	t.Helper()
+	return newStateHandlerWith(t, maxLoaded, nil)
+}
+
+// newStateHandlerWith is newStateHandler with the Config changed by
+// change (when not nil) before New.
+func newStateHandlerWith(t testing.TB, maxLoaded int, change func(*Config)) *stateHandler {
+	t.Helper()
 	db, err := store.Open(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -55,9 +62,13 @@ func newStateHandler(t testing.TB, maxLoaded int) *stateHandler {
 		t.Fatal(err)
 	}
 	s.st = st
-	h, err := New(Config{Store: st, Apps: apps,
+	cfg := Config{Store: st, Apps: apps,
 		ICE: ICEConfig{Secret: "s", URLs: []string{"turn:127.0.0.1:3478"}},
-		Now: func() time.Time { return time.Unix(0, s.now) }})
+		Now: func() time.Time { return time.Unix(0, s.now) }}
+	if change != nil {
+		change(&cfg)
+	}
+	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,8 +301,7 @@ func (s *stateHandler) allocsPerServe(ctx *fasthttp.RequestCtx) (allocs float64,
 // its upgrade until it ends, and the room goes with the last socket, so
 // rooms follow the open sockets.
 func TestSignalSocketKeepsARoom(t *testing.T) {
-	s := newStateHandler(t, 0)
-	s.h.cfg.DetachSockets = true
+	s := newStateHandlerWith(t, 0, func(c *Config) { c.DetachSockets = true })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -46,21 +46,11 @@ func (h *Handler) watch(ctx *fasthttp.RequestCtx, m store.Mailbox, r route, key 
 		leave()
 		return
 	}
-	opts := ws.Options{
-		MaxMessage:     1024,
-		MaxQueue:       h.cfg.MaxBehind,
-		OverflowCode:   ws.CloseTryAgainLater,
-		PingInterval:   h.cfg.PingInterval,
-		SilenceTimeout: h.cfg.SilenceTimeout,
-		ReadBufferSize: 512,
-		Detach:         h.cfg.DetachSockets,
-		Parker:         h.cfg.Parker,
-	}
 	// The place is the socket's until it ends, and given back by abandon
 	// when fasthttp drops the connection before serve runs. The request's
 	// hold on m ends with the request, so the socket reopens the handle
 	// it keeps: the place holds the mailbox meanwhile.
-	ws.Upgrade(ctx, opts, proto, leave, func(conn *ws.Conn) {
+	ws.Upgrade(ctx, h.watchWS, proto, leave, func(conn *ws.Conn) {
 		if !h.group.Add(conn) {
 			leave()
 			conn.Close(ws.CloseGoingAway, "server shutting down")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // An idle socket gives back queue buffers bigger than maxIdleBuffer: at
@@ -13,7 +14,7 @@ func TestIdleSocketReleasesBigBuffers(t *testing.T) {
 	for _, ping := range []time.Duration{0, 20 * time.Millisecond} {
 		server, client := net.Pipe()
 		go func() { _, _ = io.Copy(io.Discard, client) }()
-		c := newConn(server, Options{PingInterval: ping})
+		c := newConn(server, NewSettings(Options{PingInterval: ping}))
 
 		// Two big messages, the second queued once the writer has taken
 		// the first: each grows its own buffer beyond maxIdleBuffer, and
@@ -81,7 +82,7 @@ func maskedFrame(op int, payload []byte) []byte {
 func TestReadBufferShrinksAfterHugeMessage(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
-	c := newConn(server, Options{MaxMessage: 4 * maxKeptMessage})
+	c := newConn(server, NewSettings(Options{MaxMessage: 4 * maxKeptMessage}))
 	defer func() { c.Close(CloseNormal, ""); <-c.Done() }()
 	go func() { _, _ = io.Copy(io.Discard, client) }()
 	go func() {
@@ -119,7 +120,7 @@ func TestReadBufferShrinksAfterHugeMessage(t *testing.T) {
 func TestDoneMadeAfterTheEnd(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
-	c := newConn(server, Options{})
+	c := newConn(server, NewSettings(Options{}))
 	c.mu.Lock()
 	made := c.done != nil
 	c.mu.Unlock()
@@ -151,5 +152,14 @@ func TestDoneMadeAfterTheEnd(t *testing.T) {
 	}
 	if c.Done() != done {
 		t.Fatal("Done changed channel")
+	}
+}
+
+// An idle socket keeps its Conn, so its size class counts once per
+// socket: the Conn stays within 512 bytes (it keeps its Settings by
+// pointer for that).
+func TestConnFitsItsSizeClass(t *testing.T) {
+	if size := unsafe.Sizeof(Conn{}); size > 512 {
+		t.Fatalf("a Conn takes %d bytes, past the 512-byte size class", size)
 	}
 }

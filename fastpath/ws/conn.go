@@ -59,6 +59,18 @@ type Options struct {
 	ParkAfter time.Duration
 }
 
+// Settings are Options with their defaults filled in, made once per kind
+// of socket (NewSettings) and shared by every Conn of that kind: a Conn
+// keeps a pointer, where a copy of the Options would take an idle
+// socket's Conn into the next size class. Not to be changed once in use.
+type Settings struct{ Options }
+
+// NewSettings fills in o's defaults.
+func NewSettings(o Options) *Settings {
+	o.setDefaults()
+	return &Settings{o}
+}
+
 func (o *Options) setDefaults() {
 	if o.MaxMessage <= 0 {
 		o.MaxMessage = 64 << 10
@@ -115,7 +127,7 @@ type Conn struct {
 	// idle socket keeps it, and its size class counts a million times.
 	nc     net.Conn
 	br     *bufio.Reader
-	opts   Options
+	opts   *Settings
 	remote net.Addr     // kept: nc must not be touched once serve has returned
 	tcp    *net.TCPConn // the socket under nc's wrappers, nil if none (see linger)
 
@@ -202,8 +214,7 @@ type Conn struct {
 	closing, writerOn, writerDone, wroteData, timerPing bool
 }
 
-func newConn(nc net.Conn, opts Options) *Conn {
-	opts.setDefaults()
+func newConn(nc net.Conn, opts *Settings) *Conn {
 	// A TLS socket that may park sheds crypto/tls's buffers and keys
 	// while parked: the record layer becomes tlsrec's at the first park.
 	if opts.Parker != nil {

@@ -17,14 +17,14 @@ func TestGroupListThroughTheConns(t *testing.T) {
 		server, client := net.Pipe()
 		t.Cleanup(func() { _ = client.Close() })
 		go func() { _, _ = io.Copy(io.Discard, client) }() // takes the close frames
-		conns[i] = newConn(server, Options{})
+		conns[i] = newConn(server, NewSettings(Options{}))
 		if !g.Add(conns[i]) {
 			t.Fatal("Add refused before the drain")
 		}
 	}
 	stray, strayClient := net.Pipe()
 	defer strayClient.Close()
-	outsider := newConn(stray, Options{})
+	outsider := newConn(stray, NewSettings(Options{}))
 	defer outsider.Abort()
 
 	if !g.Add(conns[0]) || g.Len() != 5 {

@@ -97,6 +97,7 @@ func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn
 	if testParker != nil && opts.Parker == nil {
 		opts.Parker, opts.Detach = testParker, true
 	}
+	settings := ws.NewSettings(opts)
 	srv := &fasthttp.Server{
 		KeepHijackedConns: opts.Detach, // Detach needs it
 		Handler: func(ctx *fasthttp.RequestCtx) {
@@ -122,7 +123,7 @@ func serveOn(t testing.TB, ln net.Listener, opts ws.Options, serve func(*ws.Conn
 			}
 			ts.wg.Add(1)
 			ts.mu.Unlock()
-			ws.Upgrade(ctx, opts, proto, nil, func(c *ws.Conn) {
+			ws.Upgrade(ctx, settings, proto, nil, func(c *ws.Conn) {
 				defer ts.wg.Done()
 				ts.conns <- c
 				if serve != nil {

@@ -69,7 +69,7 @@ func startAbandonServer(t *testing.T, detach bool) *abandonServer {
 		as.resets <- waitForReset(ctx.Conn().(interface{ NetConn() net.Conn }).NetConn())
 		as.upgrades.Add(1)
 		var abandoned atomic.Bool
-		ws.Upgrade(ctx, ws.Options{Detach: detach}, "", func() {
+		ws.Upgrade(ctx, ws.NewSettings(ws.Options{Detach: detach}), "", func() {
 			abandoned.Store(true)
 			as.abandons.Add(1)
 		}, func(c *ws.Conn) {

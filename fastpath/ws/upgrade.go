@@ -92,8 +92,9 @@ func validKey(key []byte) bool {
 // cannot be flushed. A caller that reserves something for the socket
 // before Upgrade (a watcher slot, a control-socket claim) gives it back in
 // abandon, and in serve as usual. serve runs even when the client is gone
-// by the time the 101 is written (its first read fails).
-func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, abandon func(), serve func(*Conn)) {
+// by the time the 101 is written (its first read fails). opts are the
+// Conn's own from then on (see Settings).
+func Upgrade(ctx *fasthttp.RequestCtx, opts *Settings, subprotocol string, abandon func(), serve func(*Conn)) {
 	// The 101 is written by the hijacked goroutine itself rather than by
 	// fasthttp: fasthttp skips the hijack handler when its own flush of
 	// the answer fails, and serve would then not run for an upgrade whose
@@ -106,7 +107,6 @@ func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, abandon
 		resp = append(resp, subprotocol...)
 	}
 	resp = append(resp, "\r\n\r\n"...)
-	opts.setDefaults()
 	Hijack(ctx, abandon, func(nc net.Conn) {
 		if !opts.Detach {
 			run(nc, resp, opts, serve)
@@ -124,7 +124,7 @@ func Upgrade(ctx *fasthttp.RequestCtx, opts Options, subprotocol string, abandon
 }
 
 // run writes the 101 and serves the socket until serve returns.
-func run(nc net.Conn, resp []byte, opts Options, serve func(*Conn)) {
+func run(nc net.Conn, resp []byte, opts *Settings, serve func(*Conn)) {
 	// The HTTP server's header and idle deadlines do not apply to a
 	// WebSocket: pings decide when it is dead. The answer itself is
 	// bounded like a close, and written before the Conn's writer exists

@@ -175,7 +175,7 @@ func startCountingServer(t *testing.T, beforeUpgrade func(net.Conn)) *countingSe
 			cs.beforeUpgrade(ctx.Conn())
 		}
 		cs.upgrades.Add(1)
-		ws.Upgrade(ctx, ws.Options{}, "", nil, func(c *ws.Conn) {
+		ws.Upgrade(ctx, ws.NewSettings(ws.Options{}), "", nil, func(c *ws.Conn) {
 			cs.serves.Add(1)
 			_, _, err := c.ReadMessage()
 			cs.reads <- err

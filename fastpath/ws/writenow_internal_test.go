@@ -55,7 +55,7 @@ func writeNowPair(t *testing.T, small bool) (*Conn, *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newConn(s, Options{})
+	c := newConn(s, NewSettings(Options{}))
 	if c.now == nil {
 		t.Fatal("a Conn on netlimit's plain connection cannot write at once")
 	}
