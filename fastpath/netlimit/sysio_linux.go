@@ -35,14 +35,16 @@ type sysOp struct {
 	p     []byte
 	n     int
 	errno syscall.Errno
+	flags int // recvfrom(2)'s, for tryRead
 
 	read, write, try func(fd uintptr) bool
+	tryRead          func(fd uintptr)
 }
 
 func newSysOps() *sync.Pool {
 	return &sync.Pool{New: func() any {
 		o := &sysOp{}
-		o.read, o.write, o.try = o.readOnce, o.writeAll, o.writeRoom
+		o.read, o.write, o.try, o.tryRead = o.readOnce, o.writeAll, o.writeRoom, o.recvNow
 		return o
 	}}
 }
@@ -77,6 +79,23 @@ func (o *sysOp) readOnce(fd uintptr) bool {
 	n, wait := o.call(fd, syscall.SYS_READ)
 	o.n = n
 	return !wait
+}
+
+// recvNow reads what is there into p without waiting, with o.flags
+// (MSG_PEEK: it stays queued); nothing there is errno EAGAIN.
+func (o *sysOp) recvNow(fd uintptr) {
+	for {
+		r, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&o.p[0])), uintptr(len(o.p)),
+			uintptr(o.flags|syscall.MSG_DONTWAIT), 0, 0)
+		if e == syscall.EINTR {
+			continue
+		}
+		o.n, o.errno = int(r), e
+		if e != 0 {
+			o.n = 0
+		}
+		return
+	}
 }
 
 // writeAll writes what is left of p; false (wait for room and call again)
@@ -156,6 +175,40 @@ func (c *conn) TryWrite(b []byte) (int, error) {
 		return 0, nil
 	}
 	return c.sysDo(opTryWrite, b)
+}
+
+// TryRead reads what the socket holds now into b, without waiting and
+// whatever the read deadline: (0, nil) when nothing is there, (0, io.EOF)
+// once the peer has shut its side. With peek the bytes stay queued for
+// the next read (MSG_PEEK). It is for a socket's owner that looks at what
+// woke a parked socket before deciding who reads it (fastpath/ws,
+// Conn.wakeInline).
+func (c *conn) TryRead(b []byte, peek bool) (int, error) {
+	if c.rc == nil || len(b) == 0 {
+		return 0, nil
+	}
+	o := c.l.ops.Get().(*sysOp)
+	o.p, o.n, o.errno, o.flags = b, 0, 0, 0
+	if peek {
+		o.flags = syscall.MSG_PEEK
+	}
+	// Control, not Read: Read refuses at once once the read deadline has
+	// passed, and a parked socket's may have (see ws.Conn.readHeader).
+	err := c.rc.Control(o.tryRead)
+	n, errno := o.n, o.errno
+	o.p = nil
+	c.l.ops.Put(o)
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case errno == syscall.EAGAIN:
+		return 0, nil
+	case errno != 0:
+		return 0, c.opError("read", os.NewSyscallError("recvfrom", errno))
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // What sysDo does.

@@ -19,3 +19,6 @@ func (c *conn) sysRead(b []byte) (int, error) { return c.Conn.Read(b) }
 
 // TryWrite takes nothing here: the caller leaves it all to its writer.
 func (c *conn) TryWrite([]byte) (int, error) { return 0, nil }
+
+// TryRead finds nothing here: the caller leaves the reading to its reader.
+func (c *conn) TryRead([]byte, bool) (int, error) { return 0, nil }

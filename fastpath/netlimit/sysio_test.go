@@ -184,3 +184,75 @@ func TestSysIOAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per read and write round trip (%d mallocs in %d more), want 0", count.PerRun, count.Mallocs, count.Runs)
 	}
 }
+
+// TryRead takes what is there without waiting, whatever the read
+// deadline: a peek leaves it for the next read, nothing there is (0, nil),
+// the peer's end io.EOF, a closed connection net.ErrClosed.
+func TestTryRead(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("elsewhere TryRead finds nothing by design: the reader reads")
+	}
+	s, cl := sysPair(t)
+	buf := make([]byte, 8)
+	if n, err := s.TryRead(buf, true); n != 0 || err != nil {
+		t.Fatalf("nothing sent yet: %d, %v; want 0, nil", n, err)
+	}
+	_ = s.SetReadDeadline(time.Unix(1, 0)) // passed: TryRead does not care
+	if _, err := cl.Write([]byte("abcdef")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(wait)
+	var n int
+	var err error
+	for n == 0 && err == nil && time.Now().Before(deadline) {
+		n, err = s.TryRead(buf[:4], true)
+	}
+	if n != 4 || err != nil || string(buf[:4]) != "abcd" {
+		t.Fatalf("peek: %d %q, %v; want abcd", n, buf[:n], err)
+	}
+	if n, err := s.TryRead(buf, false); n != 6 || err != nil || string(buf[:6]) != "abcdef" {
+		t.Fatalf("read after the peek: %d %q, %v; want all of abcdef", n, buf[:n], err)
+	}
+	if n, err := s.TryRead(buf, false); n != 0 || err != nil {
+		t.Fatalf("all read: %d, %v; want 0, nil", n, err)
+	}
+	_ = cl.CloseWrite()
+	n, err = 0, nil
+	for err == nil && time.Now().Before(deadline) {
+		n, err = s.TryRead(buf, true)
+	}
+	if n != 0 || err != io.EOF {
+		t.Fatalf("after the peer's end: %d, %v; want io.EOF", n, err)
+	}
+	_ = s.Close()
+	if _, err := s.TryRead(buf, false); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("closed: %v, want net.ErrClosed", err)
+	}
+}
+
+// A peek and a read through TryRead allocate nothing.
+func TestTryReadAllocs(t *testing.T) {
+	alloctest.SkipUnderRace(t)
+	if runtime.GOOS != "linux" {
+		t.Skip("elsewhere TryRead finds nothing by design")
+	}
+	s, cl := sysPair(t)
+	_ = cl.SetDeadline(time.Now().Add(wait))
+	msg, buf := []byte("ping"), make([]byte, 4)
+	count := alloctest.Measure(t, 10, 500, func() error {
+		if _, err := cl.Write(msg); err != nil {
+			return err
+		}
+		for n := 0; n < len(msg); {
+			var err error
+			if n, err = s.TryRead(buf, true); err != nil {
+				return err
+			}
+		}
+		_, err := s.TryRead(buf, false)
+		return err
+	})
+	if count.PerRun != 0 {
+		t.Fatalf("%v allocations per peek and read, want 0", count.PerRun)
+	}
+}

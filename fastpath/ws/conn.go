@@ -168,7 +168,7 @@ type Conn struct {
 	// now writes without waiting (see writeNow); nil where the connection
 	// cannot (TLS, or not one of netlimit's). idleSince (unix ns, under
 	// mu) is when the writer's role was last given up.
-	now       tryWriter
+	now       sysConn
 	idleSince int64
 	// carry is a write at once that the socket did not take all of, from
 	// carryFrom on: the writer goroutine finishes it before anything else
@@ -227,7 +227,7 @@ func newConn(nc net.Conn, opts *Settings) *Conn {
 		opts:   opts,
 		remote: nc.RemoteAddr(),
 		tcp:    tcpConnOf(nc),
-		now:    tryWriterOf(nc),
+		now:    sysConnOf(nc),
 	}
 	// With a parker the read buffer comes from its pool (where it goes
 	// when the socket parks): a burst of upgrades reuses a few buffers
@@ -720,20 +720,21 @@ const writeAtOnceAfter = time.Millisecond
 // queues go to the writer goroutine, whose write a slow peer may hold.
 const writeAtOnceMax = 16 << 10
 
-// tryWriter writes what a socket's buffer takes now without waiting:
-// netlimit's connections (plain TCP).
-type tryWriter interface {
+// sysConn writes what a socket's buffer takes now and reads what it
+// holds now, never waiting: netlimit's connections (plain TCP).
+type sysConn interface {
 	TryWrite(b []byte) (int, error)
+	TryRead(b []byte, peek bool) (int, error)
 }
 
-// tryWriterOf is nc's tryWriter, also under fasthttp's hijacked conn
-// (whose writes go straight to the connection below), or nil: TLS cannot
-// leave a record half written.
-func tryWriterOf(nc net.Conn) tryWriter {
+// sysConnOf is nc's sysConn, also under fasthttp's hijacked conn (whose
+// reads and writes go straight to the connection below), or nil: TLS
+// cannot leave a record half written, nor be read but whole records.
+func sysConnOf(nc net.Conn) sysConn {
 	if u, ok := nc.(interface{ UnsafeConn() net.Conn }); ok {
 		nc = u.UnsafeConn()
 	}
-	t, _ := nc.(tryWriter)
+	t, _ := nc.(sysConn)
 	return t
 }
 

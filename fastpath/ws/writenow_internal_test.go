@@ -27,6 +27,23 @@ import (
 // fill the window.
 func writeNowPair(t *testing.T, small bool) (*Conn, *net.TCPConn) {
 	t.Helper()
+	s, client := netlimitPair(t, small)
+	c := newConn(s, NewSettings(Options{}))
+	if c.now == nil {
+		t.Fatal("a Conn on netlimit's plain connection cannot write at once")
+	}
+	t.Cleanup(func() {
+		c.Abort()
+		<-c.Done()
+		_ = client.Close()
+	})
+	return c, client
+}
+
+// netlimitPair is a connection netlimit accepted and the raw client
+// socket (see writeNowPair for small).
+func netlimitPair(t *testing.T, small bool) (net.Conn, *net.TCPConn) {
+	t.Helper()
 	var shrink func(_, _ string, rc syscall.RawConn) error
 	if small {
 		shrink = func(_, _ string, rc syscall.RawConn) error {
@@ -55,16 +72,7 @@ func writeNowPair(t *testing.T, small bool) (*Conn, *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newConn(s, NewSettings(Options{}))
-	if c.now == nil {
-		t.Fatal("a Conn on netlimit's plain connection cannot write at once")
-	}
-	t.Cleanup(func() {
-		c.Abort()
-		<-c.Done()
-		_ = client.Close()
-	})
-	return c, client
+	return s, client
 }
 
 // unread is how many bytes wait in the client's receive queue.
@@ -192,7 +200,8 @@ func TestWriteAtOnceLeavesTheRestInOrder(t *testing.T) {
 
 // countingTry counts the writes at once a Conn attempts.
 type countingTry struct {
-	tw    tryWriter
+	sysConn
+	tw    sysConn
 	tries int
 }
 
@@ -207,7 +216,7 @@ func (c *countingTry) TryWrite(b []byte) (int, error) {
 // idle for less is not.
 func TestWriteAtOnceLimits(t *testing.T) {
 	c, client := writeNowPair(t, false)
-	try := &countingTry{tw: c.now}
+	try := &countingTry{sysConn: c.now, tw: c.now}
 	c.now = try
 	br := bufio.NewReader(client)
 	// send reports whether the frame was tried at once, and whether the
