@@ -205,7 +205,8 @@ func TestWake(t *testing.T) {
 	logged(t, &out, rep, err)
 	for side, r := range onePerSide(t, rep.Parked, rep.Unparked) {
 		if r.Deliveries != deliveries || r.P50 <= 0 || r.P99 < r.P50 || r.CPUPerDelivery <= 0 ||
-			r.Pings != deliveries || r.PingP50 <= 0 || r.PingP99 < r.PingP50 || r.CPUPerPing <= 0 {
+			r.Pings != deliveries || r.PingP50 <= 0 || r.PingP99 < r.PingP50 || r.CPUPerPing <= 0 ||
+			r.Keepalives != deliveries || r.KeepaliveP50 <= 0 || r.KeepaliveP99 < r.KeepaliveP50 || r.CPUPerKeepalive <= 0 {
 			t.Errorf("%s: %+v", Sides[side], r)
 		}
 	}

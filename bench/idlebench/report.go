@@ -85,6 +85,10 @@ func (r WakeReport) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  parked   p50 %v p99 %v, server CPU %v per ping\n", r.ParkedPingP50, r.ParkedPingP99, r.ParkedPingCPU)
 	fmt.Fprintf(w, "  unparked p50 %v p99 %v, server CPU %v per ping\n", r.UnparkedPingP50, r.UnparkedPingP99, r.UnparkedPingCPU)
 	fmt.Fprintf(w, "  added by parking: p99 %v, CPU %v (no goal set)\n", r.AddedPingP99, r.AddedPingCPU)
+	fmt.Fprintf(w, "the WebSocket's keepalive: an empty ping frame to its pong frame, %d per server:\n", r.Options.Deliveries)
+	fmt.Fprintf(w, "  parked   p50 %v p99 %v, server CPU %v per keepalive\n", r.ParkedKeepaliveP50, r.ParkedKeepaliveP99, r.ParkedKeepaliveCPU)
+	fmt.Fprintf(w, "  unparked p50 %v p99 %v, server CPU %v per keepalive\n", r.UnparkedKeepaliveP50, r.UnparkedKeepaliveP99, r.UnparkedKeepaliveCPU)
+	fmt.Fprintf(w, "  added by parking: p99 %v, CPU %v (no goal set)\n", r.AddedKeepaliveP99, r.AddedKeepaliveCPU)
 }
 
 // WriteText writes the storm figures and whether each round kept the

@@ -85,6 +85,13 @@ type WakeRound struct {
 	Pings            int
 	PingP50, PingP99 time.Duration
 	CPUPerPing       time.Duration
+	// Keepalives is the same for the WebSocket's own keepalive: an empty
+	// ping frame (RFC 6455 5.5.2, as native clients send them) timed
+	// until its pong frame is read; a browser's pong to the server's ping
+	// wakes a parked socket the same way. No handler takes part.
+	Keepalives                 int
+	KeepaliveP50, KeepaliveP99 time.Duration
+	CPUPerKeepalive            time.Duration
 }
 
 // WakeReport is the outcome of MeasureWake.
@@ -100,6 +107,10 @@ type WakeReport struct {
 	ParkedPingP50, ParkedPingP99, UnparkedPingP50, UnparkedPingP99 time.Duration
 	ParkedPingCPU, UnparkedPingCPU                                 time.Duration
 	AddedPingP99, AddedPingCPU                                     time.Duration
+	// And for the keepalives.
+	ParkedKeepaliveP50, ParkedKeepaliveP99, UnparkedKeepaliveP50, UnparkedKeepaliveP99 time.Duration
+	ParkedKeepaliveCPU, UnparkedKeepaliveCPU                                           time.Duration
+	AddedKeepaliveP99, AddedKeepaliveCPU                                               time.Duration
 }
 
 // MeasureWake measures the cost of waking a parked socket: an envelope
@@ -122,9 +133,9 @@ func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
 	runs, err := abtest.Named(naming("wake", o.Progress), o.Rounds, func(side, _ int) (WakeRound, error) {
 		return wakeOne(ctx, o, side)
 	}, func(side, round int, r WakeRound) string {
-		return fmt.Sprintf("round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery; %d pings: p50 %v, p99 %v, server CPU %v per ping",
+		return fmt.Sprintf("round %d wake %-8s %d deliveries to %d watch sockets (%d parked): p50 %v, p99 %v, server CPU %v and %.1f allocations per delivery; %d pings: p50 %v, p99 %v, server CPU %v per ping; %d keepalives: p50 %v, p99 %v, server CPU %v per keepalive",
 			round, Sides[side], r.Deliveries, o.Sockets, r.Parked, r.P50, r.P99, r.CPUPerDelivery, r.AllocsPerDelivery,
-			r.Pings, r.PingP50, r.PingP99, r.CPUPerPing)
+			r.Pings, r.PingP50, r.PingP99, r.CPUPerPing, r.Keepalives, r.KeepaliveP50, r.KeepaliveP99, r.CPUPerKeepalive)
 	})
 	if err != nil {
 		return WakeReport{}, err
@@ -141,6 +152,9 @@ func MeasureWake(ctx context.Context, o WakeOptions) (WakeReport, error) {
 	rep.ParkedPingP50, rep.UnparkedPingP50, _ = med(func(r WakeRound) time.Duration { return r.PingP50 })
 	rep.ParkedPingP99, rep.UnparkedPingP99, rep.AddedPingP99 = med(func(r WakeRound) time.Duration { return r.PingP99 })
 	rep.ParkedPingCPU, rep.UnparkedPingCPU, rep.AddedPingCPU = med(func(r WakeRound) time.Duration { return r.CPUPerPing })
+	rep.ParkedKeepaliveP50, rep.UnparkedKeepaliveP50, _ = med(func(r WakeRound) time.Duration { return r.KeepaliveP50 })
+	rep.ParkedKeepaliveP99, rep.UnparkedKeepaliveP99, rep.AddedKeepaliveP99 = med(func(r WakeRound) time.Duration { return r.KeepaliveP99 })
+	rep.ParkedKeepaliveCPU, rep.UnparkedKeepaliveCPU, rep.AddedKeepaliveCPU = med(func(r WakeRound) time.Duration { return r.CPUPerKeepalive })
 	return rep, nil
 }
 
@@ -198,40 +212,47 @@ func wakeOne(ctx context.Context, o WakeOptions, side int) (r WakeRound, err err
 	r.CPUPerDelivery = u.CPU / time.Duration(r.Deliveries)
 	r.AllocsPerDelivery = float64(u.Mallocs) / float64(r.Deliveries)
 
-	// The pings: a pass pings every socket once, and the next waits
-	// until they have parked again (a socket that read data parks
-	// ws.DefaultParkAfter later), so that every ping meets a parked
-	// socket; only the passes are in the CPU figure.
-	pings := make([]time.Duration, 0, o.Deliveries)
-	var pingCPU time.Duration
+	if r.Pings, r.PingP50, r.PingP99, r.CPUPerPing, err = roundTrips(ctx, srv, socks, side, o, textPing); err != nil {
+		return r, err
+	}
+	r.Keepalives, r.KeepaliveP50, r.KeepaliveP99, r.CPUPerKeepalive, err = roundTrips(ctx, srv, socks, side, o, keepalive)
+	return r, err
+}
+
+// roundTrips times o.Deliveries exchanges x over the sockets. A pass
+// takes every socket once, and the next waits until they have parked
+// again (a socket that read data parks ws.DefaultParkAfter later), so
+// that every exchange meets a parked socket; only the passes are in the
+// CPU figure.
+func roundTrips(ctx context.Context, srv *relayProc, socks []*sock, side int, o WakeOptions, x exchange) (n int, p50, p99, cpu time.Duration, err error) {
+	took := make([]time.Duration, 0, o.Deliveries)
+	var total time.Duration
 	buf := make([]byte, 64)
-	for len(pings) < o.Deliveries {
+	for len(took) < o.Deliveries {
 		if side == 0 {
 			if n, err := srv.settleParked(ctx, o.Sockets); err != nil {
-				return r, err
+				return 0, 0, 0, 0, err
 			} else if n < o.Sockets {
-				return r, fmt.Errorf("%d of %d sockets parked again after a pass of pings", n, o.Sockets)
+				return 0, 0, 0, 0, fmt.Errorf("%d of %d sockets parked again after a pass of %s", n, o.Sockets, x.name)
 			}
 		}
 		u, err := srv.Measure(ctx, func() error {
-			for i := 0; i < o.Sockets && len(pings) < o.Deliveries; i++ {
-				d, err := socks[i].ping(buf)
+			for i := 0; i < o.Sockets && len(took) < o.Deliveries; i++ {
+				d, err := socks[i].roundTrip(x, buf)
 				if err != nil {
-					return fmt.Errorf("ping %d (socket %d): %w", len(pings), i, err)
+					return fmt.Errorf("%s %d (socket %d): %w", x.name, len(took), i, err)
 				}
-				pings = append(pings, d)
+				took = append(took, d)
 			}
 			return nil
 		})
 		if err != nil {
-			return r, err
+			return 0, 0, 0, 0, err
 		}
-		pingCPU += u.CPU
+		total += u.CPU
 	}
-	r.Pings = len(pings)
-	r.PingP50, r.PingP99 = percentiles(pings)
-	r.CPUPerPing = pingCPU / time.Duration(r.Pings)
-	return r, nil
+	p50, p99 = percentiles(took)
+	return len(took), p50, p99, total / time.Duration(len(took)), nil
 }
 
 // percentiles sorts v and returns its p50 and p99.
@@ -240,31 +261,47 @@ func percentiles(v []time.Duration) (p50, p99 time.Duration) {
 	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)]
 }
 
-// maskedPing is a client's text frame "ping", masked (RFC 6455 5.3) with
-// the key 1, 2, 3, 4.
-var maskedPing = func() []byte {
+// An exchange is a client frame and the answer it waits for.
+type exchange struct {
+	name   string
+	frame  []byte // masked (RFC 6455 5.3) with the key 1, 2, 3, 4
+	op     byte
+	answer string
+}
+
+// maskedFrame is a client's frame of opcode op, masked with 1, 2, 3, 4.
+func maskedFrame(op byte, payload string) []byte {
 	key := [4]byte{1, 2, 3, 4}
-	f := []byte{0x81, 0x80 | 4, key[0], key[1], key[2], key[3]}
-	for i, b := range []byte("ping") {
+	f := []byte{0x80 | op, 0x80 | byte(len(payload)), key[0], key[1], key[2], key[3]}
+	for i, b := range []byte(payload) {
 		f = append(f, b^key[i%4])
 	}
 	return f
-}()
+}
 
-// ping writes "ping" on the socket and returns the time until its "pong"
-// is read.
-func (s *sock) ping(buf []byte) (time.Duration, error) {
+var (
+	// textPing is the mailbox watch's "ping" text message, answered with
+	// a "pong" text by the service.
+	textPing = exchange{"pings", maskedFrame(0x1, "ping"), 0x1, "pong"}
+	// keepalive is an empty ping frame, answered with a pong frame by the
+	// WebSocket layer.
+	keepalive = exchange{"keepalives", maskedFrame(0x9, ""), 0xA, ""}
+)
+
+// roundTrip writes x's frame on the socket and returns the time until its
+// answer is read.
+func (s *sock) roundTrip(x exchange, buf []byte) (time.Duration, error) {
 	_ = s.SetDeadline(time.Now().Add(10 * time.Second))
 	start := time.Now()
-	if _, err := s.Write(maskedPing); err != nil {
+	if _, err := s.Write(x.frame); err != nil {
 		return 0, err
 	}
 	for {
 		op, payload, err := s.readFrame(buf)
 		if err != nil {
-			return 0, fmt.Errorf("waiting for the pong: %w", err)
+			return 0, fmt.Errorf("waiting for the answer: %w", err)
 		}
-		if op == 1 && string(payload) == "pong" {
+		if op == x.op && string(payload) == x.answer {
 			return time.Since(start), nil
 		}
 	}
