@@ -253,13 +253,16 @@ func TestParkedSocketCloses(t *testing.T) {
 
 	// The peer closes a parked socket: echoed, and onEnd has its close.
 	rc2 := dialRaw(t, ps.addr, 0)
-	ps.accept(t)
+	c2 := ps.accept(t)
 	ps.waitParked(t, 1)
 	rc2.send(closeFrame(4321, "bye"))
 	rc2.expectClose(4321)
 	if err := ps.end(t); !errors.As(err, &ce) || !ce.ByPeer || ce.Code != 4321 || ce.Reason != "bye" {
 		t.Fatalf("reading ended with %v, expected the peer's 4321 bye", err)
 	}
+	// The socket leaves the set when it is torn down, which may come
+	// after onEnd: by the end of its writer.
+	waitDone(t, c2, waitTimeout)
 	if ps.p.Registered() != 0 || ps.p.Parked() != 0 {
 		t.Fatalf("ended sockets still registered (%d) or parked (%d)", ps.p.Registered(), ps.p.Parked())
 	}
