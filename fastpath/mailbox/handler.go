@@ -155,6 +155,9 @@ func New(cfg Config) (*Handler, error) {
 		ReadBufferSize: 512,
 		Detach:         cfg.DetachSockets,
 		Parker:         cfg.Parker,
+		// watchFrame never blocks (a mark under a mutex, a queued pong):
+		// a parked watch's text ping is answered on the parker's goroutine.
+		InlineMessages: true,
 	})
 	h.signalWS = ws.NewSettings(ws.Options{
 		MaxMessage:     maxSignalFrame,

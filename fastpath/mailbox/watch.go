@@ -146,7 +146,8 @@ func (h *Handler) endWatch(conn *ws.Conn, err error) {
 var pong = []byte("pong")
 
 // watchFrame answers text ping with pong and marks the reader in the
-// foreground; anything else closes the socket with 1003.
+// foreground; anything else closes the socket with 1003. It never blocks
+// (ws.Options.InlineMessages): keep it so.
 func (h *Handler) watchFrame(m store.Mailbox, dir byte, conn *ws.Conn, op int, msg []byte) bool {
 	if op != ws.OpText || string(msg) != "ping" {
 		conn.Close(ws.CloseUnsupportedData, "only text ping is accepted")

@@ -57,6 +57,13 @@ type Options struct {
 	// ParkAfter is how long a socket that received a message waits for
 	// the next on its goroutine before it parks. Default DefaultParkAfter.
 	ParkAfter time.Duration
+	// InlineMessages says that Serve's onMessage never blocks (no wait
+	// for room, no round trip): a parked plain socket's small messages
+	// (up to 8 bytes of payload, like the mailbox watch's text ping) are
+	// then handed to it on the parker's goroutine, as pings and pongs
+	// are answered there (see wakeInline), instead of on a goroutine
+	// started for them.
+	InlineMessages bool
 }
 
 // Settings are Options with their defaults filled in, made once per kind

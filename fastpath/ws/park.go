@@ -4,6 +4,8 @@ import (
 	"errors"
 	"time"
 
+	"unicode/utf8"
+
 	"edgerelay/fastpath/park"
 	"edgerelay/fastpath/tlsrec"
 )
@@ -92,12 +94,18 @@ func (c *Conn) readLoop() {
 			return
 		}
 		if err != nil || !c.onMessage(op, p) {
-			c.parkState.Store(stateEnded)
-			c.onEnd(err)
-			c.finish()
+			c.endServe(err)
 			return
 		}
 	}
+}
+
+// endServe ends a served socket's reading: why (err) goes to onEnd, and
+// the Conn finishes.
+func (c *Conn) endServe(err error) {
+	c.parkState.Store(stateEnded)
+	c.onEnd(err)
+	c.finish()
 }
 
 // next is ReadMessage for Serve: errParked once the socket has parked.
@@ -243,13 +251,15 @@ func (c *Conn) wakeFromSet() {
 // a read buffer; only when it starts with whole ping or pong frames that
 // fit there (a ping or pong with up to 8 bytes of payload, or two empty
 // ones: a browser's pong to the server's empty ping is 6 bytes) are
-// those read, answered and the socket parked again. Nothing here waits
-// or runs a handler: the pong is queued like any (written at once, see
-// writeNow), so the parker's other sockets are not held up. False, with
-// nothing consumed, leaves the rest (data, a close, the end of the
-// input, a frame that breaks a rule, a bigger control frame) to the
-// reading goroutine; a frame after the control frames wakes the socket
-// again at once (its set is level-triggered).
+// those read, answered and the socket parked again. Nothing here waits:
+// the pong is queued like any (written at once, see writeNow), so the
+// parker's other sockets are not held up. With InlineMessages, one small
+// message (whole, unfragmented, valid) after them goes to onMessage
+// here too, which the service has promised never blocks. False, with
+// nothing consumed, leaves the rest (other data, a close, the end of the
+// input, a frame that breaks a rule, a bigger frame) to the reading
+// goroutine; a frame after those handled wakes the socket again at once
+// (its set is level-triggered).
 func (c *Conn) wakeInline() bool {
 	if c.now == nil || c.quitting.Load() || c.shut.Load() || !c.readMu.TryLock() {
 		return false
@@ -263,13 +273,14 @@ func (c *Conn) wakeInline() bool {
 	if err != nil {
 		return false
 	}
-	end := 0
-	for {
-		size := wholePingOrPong(in[end:n])
+	end, data := 0, false
+	for !data {
+		size, op := wholeSmallFrame(in[end:n], c.opts.InlineMessages)
 		if size == 0 {
 			break
 		}
 		end += size
+		data = op < OpClose
 	}
 	if end == 0 {
 		return false
@@ -288,31 +299,52 @@ func (c *Conn) wakeInline() bool {
 		size := 6 + int(f[1]&0x7f)
 		p := f[6:size]
 		maskBytes(f[2:6], p)
-		if int(f[0]&0x0f) == OpPing {
+		at += size
+		switch op := int(f[0] & 0x0f); op {
+		case OpPing:
 			// Bounded like any pong (see readControl).
 			_ = c.queueFrame(OpPong, p, true)
-		} else {
+		case OpPong:
 			c.pongSeen.Store(true)
+		default:
+			if !c.onMessage(op, p) {
+				go c.endServe(nil) // finish waits for the writer
+				return true
+			}
 		}
-		at += size
 	}
 	return c.repark()
 }
 
-// wholePingOrPong is the size of the ping or pong frame that b starts
-// with, when b holds all of it and it keeps every rule (final, no
-// reserved bits, masked, a payload of at most 125 bytes); else 0.
-func wholePingOrPong(b []byte) int {
+// wholeSmallFrame is the size and opcode of the frame that b starts with,
+// when b holds all of it, it keeps every rule (final, no reserved bits,
+// masked, a payload of at most 125 bytes, text in UTF-8) and it is a ping
+// or a pong, or with data a text or binary message; else size 0.
+func wholeSmallFrame(b []byte, data bool) (size, op int) {
 	if len(b) < 6 {
-		return 0
+		return 0, 0
 	}
-	op := int(b[0] & 0x0f)
-	if b[0]&0xf0 != 0x80 || (op != OpPing && op != OpPong) || b[1]&0x80 == 0 {
-		return 0
+	op = int(b[0] & 0x0f)
+	allowed := op == OpPing || op == OpPong || data && (op == OpText || op == OpBinary)
+	if b[0]&0xf0 != 0x80 || !allowed || b[1]&0x80 == 0 {
+		return 0, 0
 	}
 	n := int(b[1] & 0x7f)
 	if n > 125 || 6+n > len(b) {
-		return 0
+		return 0, 0
 	}
-	return 6 + n
+	if op == OpText && !validMaskedText(b[2:6], b[6:6+n]) {
+		return 0, 0
+	}
+	return 6 + n, op
+}
+
+// validMaskedText reports whether p, masked with key, is UTF-8, without
+// unmasking p in place.
+func validMaskedText(key, p []byte) bool {
+	var text [125]byte
+	t := text[:len(p)]
+	copy(t, p)
+	maskBytes(key, t)
+	return utf8.Valid(t)
 }

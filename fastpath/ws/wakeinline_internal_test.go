@@ -42,6 +42,10 @@ func startInline(t *testing.T, opts Options) *inlinePair {
 	}
 	go ip.c.Serve(func(_ int, msg []byte) bool {
 		ip.got <- bytes.Clone(msg)
+		if string(msg) == "stop" { // as the mailbox watch refuses what is not its ping
+			ip.c.Close(CloseUnsupportedData, "stop")
+			return false
+		}
 		return true
 	}, func(err error) { ip.ends <- err })
 	t.Cleanup(func() {
@@ -171,6 +175,75 @@ func (ip *inlinePair) expectEnd(t *testing.T, reads int32, what string) {
 	}
 }
 
+// expectMessage waits for onMessage to be handed msg.
+func (ip *inlinePair) expectMessage(t *testing.T, msg string) {
+	t.Helper()
+	select {
+	case got := <-ip.got:
+		if string(got) != msg {
+			t.Fatalf("served %q, want %q", got, msg)
+		}
+	case <-time.After(waitTimeoutInternal):
+		t.Fatalf("%q was not served", msg)
+	}
+}
+
+// With InlineMessages a parked socket's small messages go to onMessage on
+// the parker's goroutine too, one per wake, after the pings before them:
+// text and binary of up to 8 bytes, two in one segment; a message a byte
+// longer, text that is not UTF-8 (closed with 1007), and a message on
+// which onMessage closes the socket end as on the reading goroutine.
+func TestParkedSmallMessagesInline(t *testing.T) {
+	ip := startInline(t, Options{PingInterval: time.Hour, InlineMessages: true})
+	ip.send(t, maskedFrame(OpText, []byte("ping")))
+	ip.expectMessage(t, "ping")
+	ip.waitParked(t)
+	ip.send(t, maskedFrame(OpPing, []byte("p")), maskedFrame(OpBinary, []byte("12345678")))
+	ip.expect(t, OpPong, []byte("p"))
+	ip.expectMessage(t, "12345678")
+	ip.waitParked(t)
+	ip.send(t, maskedFrame(OpText, []byte("a")), maskedFrame(OpText, []byte("b")))
+	ip.expectMessage(t, "a")
+	ip.expectMessage(t, "b")
+	ip.waitParked(t)
+	if n := ip.reads.Load(); n != 0 {
+		t.Fatalf("the reading goroutine was started %d times for small messages", n)
+	}
+	ip.send(t, maskedFrame(OpText, []byte("123456789")))
+	ip.expectMessage(t, "123456789")
+	ip.waitParked(t)
+	if n := ip.reads.Load(); n != 1 {
+		t.Fatalf("a 9-byte message started the reading goroutine %d times, want 1", n)
+	}
+
+	// Closed by onMessage, inline: the close goes out and the reading
+	// ends with no error, as when onMessage returns false on its
+	// goroutine.
+	ip.send(t, maskedFrame(OpText, []byte("stop")))
+	ip.expectMessage(t, "stop")
+	ip.expect(t, OpClose, append([]byte{0x03, 0xeb}, "stop"...))
+	select {
+	case err := <-ip.ends:
+		if err != nil {
+			t.Fatalf("reading ended with %v, want nil (onMessage closed it)", err)
+		}
+	case <-time.After(waitTimeoutInternal):
+		t.Fatal("the socket's reading did not end")
+	}
+	if n := ip.reads.Load(); n != 1 {
+		t.Fatalf("the stop started the reading goroutine: %d starts in all, want 1", n)
+	}
+}
+
+// Text that is not UTF-8 is left to the reading goroutine, which closes
+// the socket with 1007.
+func TestParkedInvalidTextGoesToTheReader(t *testing.T) {
+	ip := startInline(t, Options{PingInterval: time.Hour, InlineMessages: true})
+	ip.send(t, maskedFrame(OpText, []byte{'o', 0xff}))
+	ip.expect(t, OpClose, append([]byte{0x03, 0xef}, "text is not UTF-8"...))
+	ip.expectEnd(t, 1, "text that is not UTF-8")
+}
+
 // The end of the input wakes the reading goroutine, which ends the socket.
 func TestParkedEOFGoesToTheReader(t *testing.T) {
 	ip := startInline(t, Options{PingInterval: time.Hour})
@@ -178,28 +251,38 @@ func TestParkedEOFGoesToTheReader(t *testing.T) {
 	ip.expectEnd(t, 1, "the peer's EOF")
 }
 
-// wholePingOrPong at its edges.
-func TestWholePingOrPong(t *testing.T) {
+// wholeSmallFrame at its edges, without and with data.
+func TestWholeSmallFrame(t *testing.T) {
 	ping := maskedFrame(OpPing, []byte("ab"))
+	keyed := []byte{0x80 | OpText, 0x80 | 2, 1, 2, 3, 4, 'o' ^ 1, 'k' ^ 2} // key 1, 2, 3, 4
 	for _, tc := range []struct {
-		name string
-		b    []byte
-		want int
+		name       string
+		b          []byte
+		want, data int // sizes without and with data
 	}{
-		{"a whole ping", ping, 8},
-		{"a ping and more", append(bytes.Clone(ping), 1, 2, 3), 8},
-		{"a ping a byte short", ping[:7], 0},
-		{"a header alone", ping[:5], 0},
-		{"a pong of 125 bytes", maskedFrame(OpPong, make([]byte, 125)), 131},
-		{"not final", append([]byte{OpPing, 0x80}, 0, 0, 0, 0), 0},
-		{"a reserved bit", append([]byte{0x80 | 0x40 | OpPing, 0x80}, 0, 0, 0, 0), 0},
-		{"not masked", []byte{0x80 | OpPing, 0, 0, 0, 0, 0}, 0},
-		{"a close", maskedFrame(OpClose, nil), 0},
-		{"data", maskedFrame(OpBinary, nil), 0},
-		{"a 16-bit length", append([]byte{0x80 | OpPing, 0x80 | 126, 0, 5}, make([]byte, 9)...), 0},
+		{"a whole ping", ping, 8, 8},
+		{"a ping and more", append(bytes.Clone(ping), 1, 2, 3), 8, 8},
+		{"a ping a byte short", ping[:7], 0, 0},
+		{"a header alone", ping[:5], 0, 0},
+		{"a pong of 125 bytes", maskedFrame(OpPong, make([]byte, 125)), 131, 131},
+		{"not final", append([]byte{OpPing, 0x80}, 0, 0, 0, 0), 0, 0},
+		{"a reserved bit", append([]byte{0x80 | 0x40 | OpPing, 0x80}, 0, 0, 0, 0), 0, 0},
+		{"not masked", []byte{0x80 | OpPing, 0, 0, 0, 0, 0}, 0, 0},
+		{"a close", maskedFrame(OpClose, nil), 0, 0},
+		{"binary", maskedFrame(OpBinary, []byte{0xff}), 0, 7},
+		{"text", maskedFrame(OpText, []byte("ping")), 0, 10},
+		{"text under a key", keyed, 0, 8},
+		{"text not UTF-8", maskedFrame(OpText, []byte{0xff}), 0, 0},
+		{"text not UTF-8 once unmasked", []byte{0x80 | OpText, 0x81, 0x80, 0, 0, 0, 0x7f}, 0, 0},
+		{"a fragment", append([]byte{OpText, 0x81}, 0, 0, 0, 0, 'a'), 0, 0},
+		{"a continuation", maskedFrame(OpContinuation, []byte("a")), 0, 0},
+		{"a 16-bit length", append([]byte{0x80 | OpPing, 0x80 | 126, 0, 5}, make([]byte, 9)...), 0, 0},
 	} {
-		if got := wholePingOrPong(tc.b); got != tc.want {
+		if got, _ := wholeSmallFrame(tc.b, false); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+		if got, _ := wholeSmallFrame(tc.b, true); got != tc.data {
+			t.Errorf("%s, with data: %d, want %d", tc.name, got, tc.data)
 		}
 	}
 }
