@@ -162,17 +162,19 @@ func TestParkedPingsAnsweredInline(t *testing.T) {
 }
 
 // expectEnd waits for the socket's reading to end, by the reading
-// goroutine's reads-th start.
-func (ip *inlinePair) expectEnd(t *testing.T, reads int32, what string) {
+// goroutine's reads-th start, and returns what onEnd got.
+func (ip *inlinePair) expectEnd(t *testing.T, reads int32, what string) error {
 	t.Helper()
+	var err error
 	select {
-	case <-ip.ends:
+	case err = <-ip.ends:
 	case <-time.After(waitTimeoutInternal):
 		t.Fatalf("the socket's reading did not end after %s", what)
 	}
 	if n := ip.reads.Load(); n != reads {
 		t.Fatalf("by its end after %s, the reading goroutine was started %d times, want %d", what, n, reads)
 	}
+	return err
 }
 
 // expectMessage waits for onMessage to be handed msg.
@@ -222,16 +224,8 @@ func TestParkedSmallMessagesInline(t *testing.T) {
 	ip.send(t, maskedFrame(OpText, []byte("stop")))
 	ip.expectMessage(t, "stop")
 	ip.expect(t, OpClose, append([]byte{0x03, 0xeb}, "stop"...))
-	select {
-	case err := <-ip.ends:
-		if err != nil {
-			t.Fatalf("reading ended with %v, want nil (onMessage closed it)", err)
-		}
-	case <-time.After(waitTimeoutInternal):
-		t.Fatal("the socket's reading did not end")
-	}
-	if n := ip.reads.Load(); n != 1 {
-		t.Fatalf("the stop started the reading goroutine: %d starts in all, want 1", n)
+	if err := ip.expectEnd(t, 1, "onMessage's close"); err != nil {
+		t.Fatalf("reading ended with %v, want nil (onMessage closed it)", err)
 	}
 }
 
