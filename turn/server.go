@@ -15,6 +15,8 @@ import (
 
 	pionturn "github.com/pion/turn/v4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"edgerelay/fastpath/netlimit"
 )
 
 // Config configures the TURN server. Zero fields take the defaults noted.
@@ -173,6 +175,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.udp, s.tcp, err = listenPair(cfg.Listen); err != nil {
 		return nil, err
 	}
+	s.tcp = streamsListener(s.tcp)
 	// Every client's datagrams queue in the listener socket: at the
 	// kernel's default (about 200 KiB, under a hundred full-size
 	// datagrams) a burst from a few busy clients while the reader is
@@ -201,6 +204,7 @@ func Start(cfg Config) (*Server, error) {
 			s.closeListeners()
 			return nil, fmt.Errorf("turn: TLS listener: %w", err)
 		}
+		s.tlsLn = streamsListener(s.tlsLn)
 	}
 
 	s.udpConn = newUDPConn(s.udp, s)
@@ -246,6 +250,17 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("turn: starting pion server: %w", err)
 	}
 	return s, nil
+}
+
+// streamsListener is ln under netlimit's Listener, with no limits of its
+// own (the caps are TURN's: streamSet): its connections read and write
+// with raw syscalls, which do not wake the runtime's monitor thread at
+// each read of a stream that goes quiet between bursts
+// (fastpath/netlimit/sysio_linux.go), and running out of descriptors
+// sheds the waiting connections instead of failing every accept
+// (fastpath/netlimit/fds.go).
+func streamsListener(ln net.Listener) net.Listener {
+	return netlimit.Wrap(ln, netlimit.Limits{}, nil)
 }
 
 func orDefault(v, def int) int {

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/pion/stun/v3"
+
+	"edgerelay/turn/turntest"
 )
 
 // pipeStream is a streamConn reading from one end of an in-memory pipe.
@@ -206,5 +209,36 @@ func TestStreamTLSHandshakeTimeout(t *testing.T) {
 		t.Fatalf("read %d bytes, %v; want the connection closed", n, err)
 	case errors.As(err, &ne) && ne.Timeout():
 		t.Fatalf("still open after %v (handshake timeout %v)", time.Since(start), handshake)
+	}
+}
+
+// TestStreamsOnRawSyscalls: TCP and TLS clients' connections are
+// netlimit's (streamsListener), whose reads and writes are raw syscalls
+// that never wake the runtime's monitor thread, under TLS too.
+func TestStreamsOnRawSyscalls(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("raw syscalls are Linux's")
+	}
+	s, _ := testServer(t, func(c *Config) { withTLS(t, c) })
+	for _, network := range []string{"tcp", "tls"} {
+		turntest.MustAllocate(t, rawClient(t, s, network, network))
+		s.streams.mu.Lock()
+		var under []net.Conn
+		for _, sc := range s.streams.conns {
+			nc := sc.Conn
+			if tc, ok := nc.(*tls.Conn); ok {
+				nc = tc.NetConn()
+			}
+			under = append(under, nc)
+		}
+		s.streams.mu.Unlock()
+		for _, nc := range under {
+			if _, ok := nc.(interface{ TryWrite([]byte) (int, error) }); !ok {
+				t.Fatalf("%s: a stream client's connection is a %T, not netlimit's", network, nc)
+			}
+		}
+		if len(under) == 0 {
+			t.Fatalf("%s: no stream connection", network)
+		}
 	}
 }
