@@ -276,8 +276,8 @@ func (c *Conn) wakeInline() bool {
 	end, data := 0, false
 	for !data {
 		size, op := wholeSmallFrame(in[end:n], c.opts.InlineMessages)
-		if size == 0 {
-			break
+		if size == 0 || op < OpClose && size-6 > c.opts.MaxMessage {
+			break // the reading goroutine's, which closes with 1009 for the latter
 		}
 		end += size
 		data = op < OpClose
@@ -307,6 +307,11 @@ func (c *Conn) wakeInline() bool {
 		case OpPong:
 			c.pongSeen.Store(true)
 		default:
+			if c.quitting.Load() {
+				// Closed while it arrived (an overflowing pong): dropped,
+				// as readMessage drops it.
+				break
+			}
 			if !c.onMessage(op, p) {
 				go c.endServe(nil) // finish waits for the writer
 				return true

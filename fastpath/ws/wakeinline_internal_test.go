@@ -238,6 +238,34 @@ func TestParkedInvalidTextGoesToTheReader(t *testing.T) {
 	ip.expectEnd(t, 1, "text that is not UTF-8")
 }
 
+// MaxMessage holds inline too: a message of MaxMessage bytes is served
+// there, one a byte longer is left to the reading goroutine, which closes
+// the socket with 1009.
+func TestParkedInlineMessageAtMaxMessage(t *testing.T) {
+	ip := startInline(t, Options{PingInterval: time.Hour, InlineMessages: true, MaxMessage: 4})
+	ip.send(t, maskedFrame(OpText, []byte("1234")))
+	ip.expectMessage(t, "1234")
+	ip.waitParked(t)
+	ip.send(t, maskedFrame(OpText, []byte("12345")))
+	ip.expect(t, OpClose, append([]byte{0x03, 0xf1}, "message too big"...))
+	ip.expectEnd(t, 1, "a message past MaxMessage")
+}
+
+// A message behind a ping whose pong overflowed the queue arrived after
+// the close: dropped inline as on the reading goroutine.
+func TestParkedInlineMessageAfterTheClose(t *testing.T) {
+	ip := startInline(t, Options{PingInterval: time.Hour, InlineMessages: true, MaxQueue: 9})
+	ip.send(t, maskedFrame(OpPing, nil), maskedFrame(OpText, []byte("x")))
+	ip.expect(t, OpClose, append([]byte{0x03, 0xf0}, "send queue full"...))
+	ip.client.Close() // no close of its own: the drain ends at its EOF
+	ip.expectEnd(t, 1, "the overflow")
+	select {
+	case msg := <-ip.got:
+		t.Fatalf("%q was served after the close", msg)
+	default:
+	}
+}
+
 // The end of the input wakes the reading goroutine, which ends the socket.
 func TestParkedEOFGoesToTheReader(t *testing.T) {
 	ip := startInline(t, Options{PingInterval: time.Hour})
