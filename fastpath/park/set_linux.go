@@ -19,6 +19,12 @@ import (
 // maxEvents is how many readiness events one epoll_wait harvests.
 const maxEvents = 256
 
+// inlineBudget is how many wakes of one harvest may do their work on the
+// set's goroutine (TakeInline): answering a keepalive there saves a
+// goroutine per wake, but a burst must still spread over every core, and
+// the sockets late in a harvest must not wait behind all the ones before.
+const inlineBudget = 16
+
 // A Set holds sockets waiting to become readable. One Set serves any
 // number of sockets of any number of services; it runs one goroutine
 // until Close.
@@ -49,6 +55,10 @@ type Set struct {
 	readers map[int]*sync.Pool // read buffers by size
 
 	parked atomic.Int64 // sockets parked now
+
+	// inlineLeft is the current harvest's budget (TakeInline); only the
+	// set's goroutine touches it.
+	inlineLeft int
 }
 
 // A parkSlot is one registered socket's entry: what its event calls.
@@ -146,11 +156,25 @@ func (p *Set) poll() {
 			}
 		}
 		p.mu.Unlock()
+		p.inlineLeft = inlineBudget
 		for _, wake := range wakers {
 			wake()
 		}
 		clear(wakers)
 	}
+}
+
+// TakeInline reports whether the wake being called may do its work where
+// it is called, on the set's goroutine, and counts it against the
+// harvest's budget (inlineBudget): true for the first wakes of each
+// harvest. Only for wake functions, which the set's goroutine calls; the
+// work must not block.
+func (p *Set) TakeInline() bool {
+	if p.inlineLeft <= 0 {
+		return false
+	}
+	p.inlineLeft--
+	return true
 }
 
 // epollCtl is epoll_ctl(2) as a raw syscall (see Set).
@@ -209,9 +233,10 @@ type Reg struct {
 }
 
 // Register prepares the socket rc for waits in p: each Arm then calls
-// wake once, on the set's goroutine (wake must not block: it hands the
-// socket to a goroutine of its own). False when it cannot be (no set, no
-// raw socket, or Unregister has run already).
+// wake once, on the set's goroutine. wake must not block: it hands the
+// socket to a goroutine of its own, or, within the harvest's budget
+// (TakeInline), does what needs no wait itself. False when it cannot be
+// (no set, no raw socket, or Unregister has run already).
 func (r *Reg) Register(p *Set, rc syscall.RawConn, wake func()) bool {
 	if p == nil || rc == nil {
 		return false

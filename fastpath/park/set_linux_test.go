@@ -147,3 +147,82 @@ func TestSetWakesOncePerArmAndCloses(t *testing.T) {
 		t.Fatal("Close did not stop the set's goroutine")
 	}
 }
+
+// TestInlineBudgetPerHarvest: the first inlineBudget wakes of a harvest
+// may do their work on the set's goroutine, the rest of it may not, and
+// the next harvest has the budget again. A first socket's wake holds the
+// set's goroutine while 40 others become readable, so that they come in
+// one harvest.
+func TestInlineBudgetPerHarvest(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	register := func(wake func()) (*Reg, net.Conn) {
+		c, peer := tcpPair(t)
+		rc, err := c.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := new(Reg)
+		if !r.Register(p, rc, wake) {
+			t.Fatal("Register refused")
+		}
+		if err := r.Arm(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Unregister)
+		return r, peer
+	}
+	held, release := make(chan bool, 1), make(chan struct{})
+	_, firstPeer := register(func() {
+		held <- p.TakeInline()
+		<-release
+	})
+	const n = 40
+	inline := make(chan bool, n)
+	regs, peers := make([]*Reg, n), make([]net.Conn, n)
+	for i := range peers {
+		regs[i], peers[i] = register(func() { inline <- p.TakeInline() })
+	}
+	if _, err := firstPeer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ok := <-held:
+		if !ok {
+			t.Fatal("the first wake of a harvest may not work inline")
+		}
+	case <-time.After(wait):
+		t.Fatal("the first socket was not woken")
+	}
+	for _, pe := range peers {
+		if _, err := pe.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	next := func() bool {
+		t.Helper()
+		select {
+		case ok := <-inline:
+			return ok
+		case <-time.After(wait):
+			t.Fatal("a socket was not woken")
+			return false
+		}
+	}
+	for i := range n {
+		if ok := next(); ok != (i < inlineBudget) {
+			t.Fatalf("wake %d of a harvest of %d: inline %v, want the first %d only", i, n, ok, inlineBudget)
+		}
+	}
+	// The next harvest has its budget again.
+	if err := regs[n-1].Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if !next() {
+		t.Fatal("the next harvest's first wake may not work inline")
+	}
+}

@@ -29,6 +29,9 @@ func (p *Set) Registered() int { return 0 }
 // NoteParked does nothing.
 func (p *Set) NoteParked(int64) {}
 
+// TakeInline is false: nothing wakes.
+func (p *Set) TakeInline() bool { return false }
+
 // GetReader is a new read buffer.
 func (p *Set) GetReader(size int, r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, size) }
 

@@ -231,13 +231,14 @@ func (c *Conn) readOn() {
 
 // wakeFromSet is the parker's event: a socket whose input is nothing but
 // whole pings and pongs is served where the event came (wakeInline),
-// anything else by its reading goroutine.
+// within the harvest's budget for that (park.Set.TakeInline), anything
+// else by its reading goroutine.
 func (c *Conn) wakeFromSet() {
 	if !c.parkState.CompareAndSwap(stateParked, stateReading) {
 		return
 	}
 	c.opts.Parker.NoteParked(-1)
-	if !c.wakeInline() {
+	if !c.opts.Parker.TakeInline() || !c.wakeInline() {
 		c.readOn()
 	}
 }
